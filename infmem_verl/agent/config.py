@@ -1,0 +1,251 @@
+"""Configuration records of the agent core.
+
+Plain dataclasses, so the core needs neither Hydra nor verl; :func:`from_mapping` builds them
+from a Hydra/OmegaConf dict and names the offending field when a key is unknown or a value is
+out of range.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping, TypeVar
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or out of range; the message names the field."""
+
+
+def _check(cond: bool, field_path: str, expected: str, got: Any) -> None:
+    if not cond:
+        raise ConfigError(f"{field_path}: expected {expected}, got {got!r}")
+
+
+@dataclass
+class DocumentConfig:
+    """How a document is cut: reading chunks, and retrieval units inside them."""
+
+    chunk_tokens: int = 5000
+    unit_tokens: int = 500
+    unit_overlap: int = 100
+    # Align retrieval units to paragraphs (blank-line separated) where the document has them;
+    # long paragraphs are still split into windows of ``unit_tokens``.
+    paragraph_units: bool = False
+
+    def validate(self, path: str = "document") -> None:
+        _check(self.chunk_tokens >= 16, f"{path}.chunk_tokens", "an integer >= 16", self.chunk_tokens)
+        _check(
+            0 < self.unit_tokens <= self.chunk_tokens,
+            f"{path}.unit_tokens",
+            f"an integer in [1, chunk_tokens={self.chunk_tokens}]",
+            self.unit_tokens,
+        )
+        _check(
+            0 <= self.unit_overlap < self.unit_tokens,
+            f"{path}.unit_overlap",
+            f"an integer in [0, unit_tokens={self.unit_tokens})",
+            self.unit_overlap,
+        )
+
+
+@dataclass
+class RetrievalConfig:
+    """BM25 over the retrieval units of the document being read."""
+
+    # "sparse": scipy sparse-matrix BM25 (default, fast); "rank_bm25": the reference's library.
+    backend: Literal["sparse", "rank_bm25"] = "sparse"
+    # "document": every unit of the document, read or not (the reference's default);
+    # "read_prefix": only units of chunks read so far, the current chunk included.
+    scope: Literal["document", "read_prefix"] = "document"
+    # Drop units that overlap the chunk being written (the writer sees that text anyway).
+    exclude_current_chunk: bool = False
+    top_k_min: int = 1
+    top_k_max: int = 8
+    top_k_default: int = 4
+    k1: float = 1.2
+    b: float = 0.75
+    stem: bool = True
+    stopwords: bool = True
+    # Optional second stage: rerank BM25's best ``rerank_candidates`` units with MiniLM embeddings.
+    rerank: bool = False
+    rerank_candidates: int = 32
+    # How many prepared documents (tokens, units, index) stay cached; the n rollouts of a
+    # document share one entry.
+    cache_size: int = 16
+    # Upper bound on retrieved evidence tokens in one Write prompt.
+    evidence_tokens: int = 2500
+
+    def validate(self, path: str = "retrieval") -> None:
+        _check(self.backend in ("sparse", "rank_bm25"), f"{path}.backend", "'sparse' or 'rank_bm25'", self.backend)
+        _check(self.scope in ("document", "read_prefix"), f"{path}.scope", "'document' or 'read_prefix'", self.scope)
+        _check(self.top_k_min >= 1, f"{path}.top_k_min", "an integer >= 1", self.top_k_min)
+        _check(self.top_k_max >= self.top_k_min, f"{path}.top_k_max", f">= top_k_min={self.top_k_min}", self.top_k_max)
+        _check(
+            self.top_k_min <= self.top_k_default <= self.top_k_max,
+            f"{path}.top_k_default",
+            f"an integer in [{self.top_k_min}, {self.top_k_max}]",
+            self.top_k_default,
+        )
+        _check(self.k1 >= 0, f"{path}.k1", "a number >= 0", self.k1)
+        _check(0 <= self.b <= 1, f"{path}.b", "a number in [0, 1]", self.b)
+        _check(self.rerank_candidates >= 1, f"{path}.rerank_candidates", "an integer >= 1", self.rerank_candidates)
+        _check(self.cache_size >= 1, f"{path}.cache_size", "an integer >= 1", self.cache_size)
+        _check(self.evidence_tokens >= 0, f"{path}.evidence_tokens", "an integer >= 0", self.evidence_tokens)
+
+
+@dataclass
+class CallBudget:
+    """Token budgets of one kind of LLM call.
+
+    ``thinking_tokens`` is the budget of the thinking part (ignored with thinking off),
+    ``output_tokens`` that of what follows ``</think>`` (the action, the memory, the answer) and
+    ``prompt_tokens`` the input budget: a prompt never exceeds it.
+    """
+
+    prompt_tokens: int
+    thinking_tokens: int
+    output_tokens: int
+
+    def validate(self, path: str) -> None:
+        _check(self.prompt_tokens >= 64, f"{path}.prompt_tokens", "an integer >= 64", self.prompt_tokens)
+        _check(self.thinking_tokens >= 0, f"{path}.thinking_tokens", "an integer >= 0", self.thinking_tokens)
+        _check(self.output_tokens >= 1, f"{path}.output_tokens", "an integer >= 1", self.output_tokens)
+
+    def response_tokens(self, thinking: bool) -> int:
+        """Most tokens a call of this kind can produce, injected closing tag included."""
+        return (self.thinking_tokens + _CLOSE_THINK_RESERVE if thinking else 0) + self.output_tokens
+
+
+# Tokens the loop may inject to close an unfinished thinking block ("\n</think>\n\n").
+_CLOSE_THINK_RESERVE = 8
+
+
+@dataclass
+class AgentConfig:
+    """Everything that shapes a trajectory of the InfMem or MemAgent loop."""
+
+    document: DocumentConfig = field(default_factory=DocumentConfig)
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    # Qwen3 ``enable_thinking``. Off (or a model without thinking, e.g. Qwen2.5): the whole
+    # response is the action / memory / answer.
+    thinking: bool = True
+    # "two_stage": when thinking spends its budget without ``</think>``, the loop appends the
+    # closing tag itself (masked out of training) and generates the output with its own budget.
+    # "single_pass": one call of thinking + output budget; an unclosed thinking block keeps the
+    # old memory and flags the turn.
+    thinking_mode: Literal["two_stage", "single_pass"] = "two_stage"
+    # Hard cap on memory tokens; longer memories are truncated and the turn flagged.
+    memory_tokens: int = 1024
+    # Stop after this many consecutive stop votes of the controller (the paper's 1-stop / 3-stop).
+    stop_votes: int = 1
+    # What an unparsable controller output does: "continue" reads the next chunk without
+    # retrieval, "retrieve_question" retrieves with the question as query and top_k_default.
+    invalid_action: Literal["continue", "retrieve_question"] = "continue"
+    # Final answer format: "boxed" (\boxed{...}, used everywhere by default) or "answer_is"
+    # ("Therefore, the answer is ...", the reference evaluation's format).
+    answer_format: Literal["boxed", "answer_is"] = "boxed"
+    prethink: CallBudget = field(default_factory=lambda: CallBudget(prompt_tokens=4096, thinking_tokens=512, output_tokens=256))
+    write: CallBudget = field(default_factory=lambda: CallBudget(prompt_tokens=9216, thinking_tokens=512, output_tokens=1024))
+    answer: CallBudget = field(default_factory=lambda: CallBudget(prompt_tokens=4096, thinking_tokens=512, output_tokens=256))
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    # Keep every turn's prompt and response token ids (training and SFT need them; evaluation
+    # of 1M-token documents can turn this off to keep only counts).
+    record_token_ids: bool = True
+
+    def validate(self) -> "AgentConfig":
+        self.document.validate("document")
+        self.retrieval.validate("retrieval")
+        _check(
+            self.thinking_mode in ("two_stage", "single_pass"),
+            "thinking_mode",
+            "'two_stage' or 'single_pass'",
+            self.thinking_mode,
+        )
+        _check(self.memory_tokens >= 1, "memory_tokens", "an integer >= 1", self.memory_tokens)
+        _check(self.stop_votes >= 1, "stop_votes", "an integer >= 1", self.stop_votes)
+        _check(
+            self.invalid_action in ("continue", "retrieve_question"),
+            "invalid_action",
+            "'continue' or 'retrieve_question'",
+            self.invalid_action,
+        )
+        _check(self.answer_format in ("boxed", "answer_is"), "answer_format", "'boxed' or 'answer_is'", self.answer_format)
+        for name in ("prethink", "write", "answer"):
+            getattr(self, name).validate(name)
+        _check(
+            self.write.output_tokens >= self.memory_tokens or self.thinking_mode == "single_pass",
+            "write.output_tokens",
+            f">= memory_tokens={self.memory_tokens} (two-stage writes give the memory its own budget)",
+            self.write.output_tokens,
+        )
+        min_write_prompt = self.document.chunk_tokens + self.memory_tokens + 64
+        _check(
+            self.write.prompt_tokens >= min_write_prompt,
+            "write.prompt_tokens",
+            f">= chunk_tokens + memory_tokens + 64 = {min_write_prompt}",
+            self.write.prompt_tokens,
+        )
+        _check(self.temperature >= 0, "temperature", "a number >= 0", self.temperature)
+        _check(0 < self.top_p <= 1, "top_p", "a number in (0, 1]", self.top_p)
+        return self
+
+    def max_prompt_tokens(self) -> int:
+        """Largest prompt any call can build (sizes verl's ``rollout.prompt_length``)."""
+        return max(self.prethink.prompt_tokens, self.write.prompt_tokens, self.answer.prompt_tokens)
+
+    def max_response_tokens(self) -> int:
+        """Largest response any call can return (sizes verl's ``rollout.response_length``)."""
+        return max(b.response_tokens(self.thinking) for b in (self.prethink, self.write, self.answer))
+
+
+def from_mapping(cls: type[T], data: Mapping[str, Any] | None, path: str = "") -> T:
+    """Build dataclass ``cls`` from a (possibly nested) mapping, rejecting unknown keys by name."""
+    data = dict(data or {})
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        where = f"{path}." if path else ""
+        raise ConfigError(f"{where}{unknown[0]}: unknown key; expected one of {sorted(known)}")
+    kwargs = {}
+    for name, value in data.items():
+        hint = hints[name]
+        sub = f"{path}.{name}" if path else name
+        if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{sub}: expected a mapping, got {value!r}")
+            kwargs[name] = from_mapping(hint, value, sub)
+        else:
+            kwargs[name] = _coerce(value, hint, sub)
+    return cls(**kwargs)
+
+
+def _coerce(value: Any, hint: Any, path: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        allowed = typing.get_args(hint)
+        _check(value in allowed, path, f"one of {list(allowed)}", value)
+        return value
+    if hint is bool:
+        _check(isinstance(value, bool), path, "true or false", value)
+        return value
+    if hint is int:
+        _check(isinstance(value, int) and not isinstance(value, bool), path, "an integer", value)
+        return value
+    if hint is float:
+        _check(isinstance(value, (int, float)) and not isinstance(value, bool), path, "a number", value)
+        return float(value)
+    if origin in (typing.Union, types.UnionType):
+        return value
+    return value
+
+
+def agent_config(data: Mapping[str, Any] | None = None) -> AgentConfig:
+    """An :class:`AgentConfig` from a mapping (Hydra node, dict), validated."""
+    return from_mapping(AgentConfig, data).validate()

