@@ -1,0 +1,390 @@
+"""An in-process :class:`~infmem_verl.agent.policy.Policy` over a Hugging Face causal LM.
+
+Used on CPU for tests, small runs and the CPU trainer, where no generation server exists. The
+agent runs many samples concurrently, each awaiting ``generate``; answering them one by one would
+waste most of the model's throughput, so concurrent calls are queued and decoded together as one
+left-padded batch by a background worker. Decoding runs in a worker thread so the event loop (and
+the agents' retrieval and parsing) keeps going meanwhile.
+
+The decode loop is written out rather than delegated to ``model.generate`` because every row of a
+batch carries its own budget and sampling settings, and because the sampled tokens' log-probs must
+be exactly what verl's actor recomputes: ``log_softmax(logits / temperature)`` before any top-k /
+top-p filtering (raw logits for greedy rows).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from infmem_verl.agent.policy import FinishReason, Generation, SamplingParams
+
+# Names of the end-of-turn / end-of-text tokens of the Qwen chat format.
+END_TOKENS = ("<|im_end|>", "<|endoftext|>")
+
+
+@dataclass
+class _Request:
+    """One queued generate call: its inputs, its private RNG and the future its caller awaits."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator
+    future: asyncio.Future
+
+
+@dataclass
+class _RowState:
+    """What one row of a batch has produced so far."""
+
+    request: _Request
+    token_ids: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+
+    def append(self, token: int, log_prob: float, end_ids: frozenset[int]) -> None:
+        """Record a sampled token; an end token finishes the row and is kept as its last token."""
+        self.token_ids.append(token)
+        self.log_probs.append(log_prob)
+        if token in end_ids:
+            self.finish_reason = "stop"
+        elif len(self.token_ids) >= self.request.params.max_tokens:
+            self.finish_reason = "length"
+
+    def generation(self) -> Generation:
+        assert self.finish_reason is not None, "row returned before it finished"
+        wants_log_probs = self.request.params.logprobs
+        return Generation(
+            token_ids=self.token_ids,
+            log_probs=self.log_probs if wants_log_probs else None,
+            finish_reason=self.finish_reason,
+        )
+
+
+def sample_next_tokens(
+    logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator]
+) -> tuple[list[int], list[float]]:
+    """Pick one token per row of ``logits`` ([rows, vocab]) with that row's settings.
+
+    Returns the tokens and their log-probs under ``log_softmax(logits / temperature)`` (raw logits
+    for greedy rows). Filtering by top-k / top-p shapes only the draw, not the reported log-prob,
+    because verl's actor recomputes log-probs without it.
+    """
+    logits = logits.float()
+    temperatures = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params])
+    scaled = logits / temperatures[:, None]
+    tokens = [
+        int(torch.argmax(logits[i])) if p.temperature == 0 else _draw(scaled[i], p, generators[i])
+        for i, p in enumerate(params)
+    ]
+    chosen = torch.log_softmax(scaled, dim=-1)[torch.arange(len(tokens)), torch.tensor(tokens)]
+    return tokens, chosen.tolist()
+
+
+def _draw(scaled: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+    """Sample from one row of temperature-scaled logits after top-k, then top-p filtering.
+
+    ``top_k < 1`` means no top-k limit (vLLM's convention for -1).
+    """
+    vocab = scaled.shape[-1]
+    limit_k = 0 < params.top_k < vocab
+    if not limit_k and params.top_p >= 1.0:
+        return _inverse_cdf_draw(torch.softmax(scaled, dim=-1), generator)
+    values, indices = torch.topk(scaled, params.top_k if limit_k else vocab)  # sorted, best first
+    probs = torch.softmax(values, dim=-1)
+    if params.top_p < 1.0:
+        # Keep the smallest prefix whose mass reaches top_p: a token stays if the mass before it
+        # is still below top_p, so the most likely token always stays.
+        mass_before = probs.cumsum(0) - probs
+        probs = probs * (mass_before < params.top_p)
+    return int(indices[_inverse_cdf_draw(probs, generator)])
+
+
+def _inverse_cdf_draw(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """Index drawn with probability proportional to ``probs`` (not necessarily normalised).
+
+    One uniform number against the cumulative sum: over a 150k vocabulary this is several times
+    cheaper than ``torch.multinomial``. A zero-probability index is never drawn, since its
+    cumulative value equals its predecessor's and ``right=True`` needs ``cdf[i-1] <= u < cdf[i]``.
+    """
+    cdf = probs.double().cumsum(0)
+    u = torch.rand(1, generator=generator, dtype=torch.float64) * cdf[-1]
+    index = int(torch.searchsorted(cdf, u, right=True))
+    if index == len(cdf):  # u rounded up to the total: take the last drawable index
+        index = int(torch.nonzero(probs)[-1])
+    return index
+
+
+def end_token_ids(tokenizer: Any, generation_config: Any = None) -> list[int]:
+    """The ids that end a generation, without repeats: Qwen's ``<|im_end|>`` / ``<|endoftext|>``
+    when the tokenizer has them, the generation config's ``eos_token_id`` (an int or a list) and
+    the tokenizer's own eos token."""
+    ids: list[int] = []
+    vocab = tokenizer.get_vocab()
+    ids.extend(vocab[name] for name in END_TOKENS if name in vocab)
+    configured = getattr(generation_config, "eos_token_id", None)
+    if configured is not None:
+        ids.extend([configured] if isinstance(configured, int) else list(configured))
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return list(dict.fromkeys(int(i) for i in ids))
+
+
+class TransformersPolicy:
+    """A batching, in-process :class:`Policy` over a causal LM (see the module docstring).
+
+    ``max_batch`` caps how many queued calls are decoded together; after the first call arrives the
+    worker waits at most ``batch_wait_s`` for more. ``seed`` makes sampling reproducible: call
+    number n (in the order ``generate`` was called) draws from its own generator seeded by
+    ``(seed, n)``, so a row's tokens do not depend on which other rows shared its batch.
+    ``batch_sizes`` records the size of every batch run, for tests and benchmarks.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        eos_token_ids: Sequence[int],
+        max_batch: int = 8,
+        batch_wait_s: float = 0.005,
+        seed: int | None = None,
+    ) -> None:
+        if not eos_token_ids or not all(isinstance(i, int) for i in eos_token_ids):
+            raise ValueError(f"eos_token_ids must be a non-empty sequence of ints, got {eos_token_ids!r}")
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if batch_wait_s < 0:
+            raise ValueError(f"batch_wait_s must be >= 0, got {batch_wait_s}")
+        self.model = model
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.max_batch = max_batch
+        self.batch_wait_s = batch_wait_s
+        self.seed = seed
+        self.tokenizer: Any = None  # set by from_pretrained, for callers that need to encode
+        self.batch_sizes: list[int] = []
+        config = model.config
+        # Left-padding slots are masked out, so any valid id will do; prefer the model's own.
+        pad = getattr(config, "pad_token_id", None)
+        self._pad_id = int(pad) if pad is not None else min(self.eos_token_ids)
+        self._vocab_size = int(model.get_input_embeddings().num_embeddings)
+        self._max_positions: int | None = getattr(config, "max_position_embeddings", None)
+        self._calls = 0
+        self._closed = False
+        self._queue: asyncio.Queue[_Request] | None = None
+        self._worker: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32, **kw: Any) -> TransformersPolicy:
+        """Load model and tokenizer from a local folder; ``kw`` goes to the constructor."""
+        from transformers import AutoModelForCausalLM
+
+        from infmem_verl.assets import load_tokenizer
+
+        if not (Path(path) / "config.json").is_file():
+            raise ValueError(f"path: {path} is not a model folder (no config.json)")
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+        model.eval()
+        tokenizer = load_tokenizer(str(path))
+        policy = cls(model, end_token_ids(tokenizer, model.generation_config), **kw)
+        policy.tokenizer = tokenizer
+        return policy
+
+    # ----------------------------------------------------------------------------------- serving
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
+        """Continue ``prompt_ids``; the call is decoded in a batch with other concurrent calls."""
+        if self._closed:
+            raise RuntimeError("TransformersPolicy is closed")
+        prompt = self._checked_prompt(prompt_ids, params.max_tokens)
+        queue = self._ensure_worker()
+        request = _Request(prompt, params, self._next_generator(), self._loop.create_future())
+        queue.put_nowait(request)
+        return await request.future
+
+    async def close(self) -> None:
+        """Stop the worker; calls still queued or running fail with RuntimeError."""
+        self._closed = True
+        worker, self._worker = self._worker, None
+        if worker is not None and not worker.done():
+            worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await worker
+        while self._queue is not None and not self._queue.empty():
+            _fail([self._queue.get_nowait()], RuntimeError("TransformersPolicy closed"))
+
+    async def __aenter__(self) -> TransformersPolicy:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def _ensure_worker(self) -> asyncio.Queue[_Request]:
+        """Start the worker on the running loop (again, if an earlier loop has gone)."""
+        loop = asyncio.get_running_loop()
+        if self._worker is None or self._worker.done() or self._loop is not loop:
+            self._loop = loop
+            self._queue = asyncio.Queue()
+            self._worker = loop.create_task(self._serve(self._queue))
+        return self._queue
+
+    def _next_generator(self) -> torch.Generator:
+        generator = torch.Generator()
+        if self.seed is None:
+            generator.seed()
+        else:
+            state = np.random.SeedSequence((self.seed, self._calls)).generate_state(1, dtype=np.uint64)
+            generator.manual_seed(int(state[0]))
+        self._calls += 1
+        return generator
+
+    async def _serve(self, queue: asyncio.Queue[_Request]) -> None:
+        """Forever: gather a batch, decode it in a thread, hand each caller its result."""
+        while True:
+            batch = [r for r in await self._collect(queue) if not r.future.done()]  # skip cancelled
+            if not batch:
+                continue
+            self.batch_sizes.append(len(batch))
+            try:
+                results = await asyncio.to_thread(self._decode_batch, batch)
+            except asyncio.CancelledError:
+                _fail(batch, RuntimeError("TransformersPolicy closed"))
+                raise
+            except Exception as exc:  # every caller of a failed batch gets the error; none hangs
+                _fail(batch, exc)
+                continue
+            for request, result in zip(batch, results):
+                if not request.future.done():
+                    request.future.set_result(result)
+
+    async def _collect(self, queue: asyncio.Queue[_Request]) -> list[_Request]:
+        """Wait for one request, then take more until ``max_batch`` or ``batch_wait_s`` is up."""
+        batch = [await queue.get()]
+        deadline = asyncio.get_running_loop().time() + self.batch_wait_s
+        while len(batch) < self.max_batch:
+            if not queue.empty():
+                batch.append(queue.get_nowait())
+                continue
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                break
+            try:
+                batch.append(await asyncio.wait_for(queue.get(), remaining))
+            except asyncio.TimeoutError:
+                break
+        return batch
+
+    # ---------------------------------------------------------------------------------- decoding
+
+    def _checked_prompt(self, prompt_ids: Sequence[int], max_tokens: int) -> list[int]:
+        """Reject prompts the model cannot take, before they can fail a whole batch."""
+        prompt = self._checked_ids("prompt_ids", prompt_ids)
+        if not prompt:
+            raise ValueError("prompt_ids must not be empty")
+        if self._max_positions is not None and len(prompt) + max_tokens > self._max_positions:
+            raise ValueError(
+                f"prompt length {len(prompt)} + max_tokens {max_tokens} exceeds the model's "
+                f"max_position_embeddings {self._max_positions}"
+            )
+        return prompt
+
+    def _checked_ids(self, name: str, ids: Sequence[int]) -> list[int]:
+        """``ids`` as a list of ints, each inside the model's vocabulary."""
+        out = [int(t) for t in ids]
+        bad = [t for t in out if not 0 <= t < self._vocab_size]
+        if bad:
+            raise ValueError(f"{name}: token id {bad[0]} is outside the model's vocabulary [0, {self._vocab_size})")
+        return out
+
+    def _forward_last(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, cache: Any
+    ) -> torch.Tensor:
+        """Run the model and return the logits of each row's last position only ([rows, vocab])."""
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,  # never materialise vocab-sized logits for every prompt position
+        )
+        return out.logits[:, -1, :]
+
+    @torch.inference_mode()
+    def _decode_batch(self, requests: Sequence[_Request]) -> list[Generation]:
+        """Decode all requests as one left-padded batch with a KV cache (runs in a worker thread).
+
+        Rows that finish are dropped from the batch (and the cache), so a short request sharing a
+        batch with a long one costs nothing after it ends.
+        """
+        from transformers import DynamicCache
+
+        width = max(len(r.prompt_ids) for r in requests)
+        input_ids = torch.full((len(requests), width), self._pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(requests), width), dtype=torch.long)
+        for i, request in enumerate(requests):
+            input_ids[i, width - len(request.prompt_ids) :] = torch.tensor(request.prompt_ids)
+            attention_mask[i, width - len(request.prompt_ids) :] = 1
+        # Under left padding a row's positions count its real tokens only, so a padded row sees
+        # the same rotary positions as when it runs alone.
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        logits = self._forward_last(input_ids, attention_mask, position_ids, cache)
+
+        rows = [_RowState(r) for r in requests]
+        active = list(range(len(rows)))  # row index of each batch slot still decoding
+        while True:
+            tokens, log_probs = sample_next_tokens(
+                logits, [rows[i].request.params for i in active], [rows[i].request.generator for i in active]
+            )
+            for i, token, log_prob in zip(active, tokens, log_probs):
+                rows[i].append(token, log_prob, self.eos_token_ids)
+            keep = [slot for slot, i in enumerate(active) if rows[i].finish_reason is None]
+            if not keep:
+                return [row.generation() for row in rows]
+            if len(keep) < len(active):
+                cache.batch_select_indices(torch.tensor(keep))
+                attention_mask = attention_mask[keep]
+                active = [active[slot] for slot in keep]
+                tokens = [tokens[slot] for slot in keep]
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(active), 1))], dim=1)
+            position_ids = attention_mask.sum(-1, keepdim=True) - 1
+            logits = self._forward_last(torch.tensor(tokens)[:, None], attention_mask, position_ids, cache)
+
+    # ------------------------------------------------------------------------------- scoring
+
+    @torch.inference_mode()
+    def compute_log_probs(
+        self, prompt_ids: Sequence[int], response_ids: Sequence[int], temperature: float = 1.0
+    ) -> np.ndarray:
+        """Log-probs of ``response_ids`` after ``prompt_ids``, from one forward pass.
+
+        The same quantity ``generate`` reports (``log_softmax(logits / temperature)``, raw logits
+        when ``temperature == 0``), computed the way a trainer recomputes it, so the two can be
+        compared. Returns float32 of shape ``[len(response_ids)]``.
+        """
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        response = self._checked_ids("response_ids", response_ids)
+        prompt = self._checked_prompt(prompt_ids, len(response))
+        if not response:
+            return np.zeros(0, dtype=np.float32)
+        input_ids = torch.tensor([prompt + response])
+        # Positions len(prompt)-1 .. end-1 predict the response tokens; keep just those logits.
+        logits = self.model(input_ids=input_ids, logits_to_keep=len(response) + 1).logits[0, :-1].float()
+        if temperature > 0:
+            logits = logits / temperature
+        log_probs = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(response)[:, None])
+        return log_probs.squeeze(-1).numpy().astype(np.float32)
+
+
+def _fail(requests: Sequence[_Request], exc: BaseException) -> None:
+    """Hand ``exc`` to every caller still waiting on one of ``requests``."""
+    for request in requests:
+        if not request.future.done():
+            request.future.set_exception(exc)
