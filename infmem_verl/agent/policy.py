@@ -39,7 +39,8 @@ class Generation:
     ``log_probs[i]`` is the log-probability of ``token_ids[i]`` under the sampling distribution
     (logits divided by the temperature, as verl's actor recomputes them); ``None`` when the
     backend was not asked for them. ``finish_reason`` is ``"stop"`` when the model emitted an end
-    token (the end token is not part of ``token_ids``), ``"length"`` when ``max_tokens`` ran out.
+    token, which is then the last element of ``token_ids`` (training must see it, so that the
+    model learns to stop); ``"length"`` when ``max_tokens`` ran out.
     ``extra`` carries backend facts that must travel with the turn (e.g. verl's global-step
     fields of ``TokenOutput``).
     """
