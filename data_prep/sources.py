@@ -1,0 +1,340 @@
+"""Readers of the official QA files: HotpotQA, 2WikiMultihopQA, MuSiQue, SQuAD v1.1 / v2.0.
+
+Each reader turns one file (one split) into a :class:`SourceSet`: the split's paragraph pool and
+its questions, each pointing at its gold paragraphs and its own distractors by pool index.
+
+The pool is every paragraph of the split rendered as one document text, de-duplicated and
+sorted, exactly as the MemAgent / InfMem generators build theirs, because their largest
+evaluation files store contexts as indices into that list (see :mod:`data_prep.published`).
+Rendering per source, also as theirs:
+
+* HotpotQA: ``title + "\\n" + "".join(sentences)`` (its sentences carry their leading spaces);
+* 2WikiMultihopQA: ``title + "\\n" + sentences`` joined with a space where neither side has one
+  (its sentences carry none; a plain join would glue them);
+* MuSiQue: ``title + "\\n" + paragraph_text``;
+* SQuAD: the paragraph's ``context`` (no title).
+
+Gold paragraphs are HotpotQA / 2Wiki's supporting-fact titles, MuSiQue's ``is_supporting``
+paragraphs and SQuAD's own paragraph. Own distractors are the question's other context
+paragraphs, and for SQuAD the other paragraphs of the same article (RULER's hard distractors).
+Unanswerable questions (MuSiQue ``answerable: false``, SQuAD v2 ``is_impossible``) are skipped.
+``index`` is a question's position among the kept questions, the published files' ``index``.
+
+Bad records raise :class:`~data_prep.io.DataError` naming file, line or record, id and field.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from .io import DataError, iter_json_records, load_json
+
+SOURCES = ("hotpotqa", "2wiki", "musique", "squad")
+
+
+@dataclass(frozen=True)
+class SourceQuestion:
+    """One usable question of a split; paragraphs are indices into its :class:`SourceSet` pool."""
+
+    id: str
+    index: int
+    question: str
+    answers: tuple[str, ...]
+    gold: tuple[int, ...]
+    distractors: tuple[int, ...]
+
+
+@dataclass
+class SourceSet:
+    """A split read from one official file: its sorted paragraph pool and its questions."""
+
+    source: str
+    path: Path
+    pool: list[str]
+    questions: list[SourceQuestion]
+    skipped: int = 0  # unanswerable questions left out
+
+
+@dataclass
+class _Parsed:
+    """A validated question with its paragraphs as rendered text (before pool indexing)."""
+
+    id: str
+    question: str
+    answers: list[str]
+    gold: list[str]
+    distractors: list[str]
+    where: str = field(repr=False)
+
+
+def load_source(source: str, path: str | os.PathLike) -> SourceSet:
+    """Read the official file ``path`` of ``source`` (one of :data:`SOURCES`)."""
+    if source not in _READERS:
+        raise ValueError(f"source: expected one of {', '.join(SOURCES)}, got {source!r}")
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: {source} input file not found")
+    interned: dict[str, str] = {}
+    parsed: list[_Parsed] = []
+    skipped = 0
+    for item in _READERS[source](path):
+        if item is None:
+            skipped += 1
+            continue
+        # Shared paragraphs (the same article in many questions) are kept once in memory.
+        item.gold = [interned.setdefault(p, p) for p in item.gold]
+        item.distractors = [interned.setdefault(p, p) for p in item.distractors]
+        parsed.append(item)
+    if not parsed:
+        raise DataError(f"{path}: no answerable {source} questions found")
+    _check_unique_ids(parsed)
+    pool = sorted(interned)
+    position = {text: i for i, text in enumerate(pool)}
+    questions = [
+        SourceQuestion(
+            id=item.id,
+            index=index,
+            question=item.question,
+            answers=tuple(item.answers),
+            gold=tuple(position[p] for p in item.gold),
+            distractors=tuple(position[p] for p in item.distractors),
+        )
+        for index, item in enumerate(parsed)
+    ]
+    return SourceSet(source=source, path=path, pool=pool, questions=questions, skipped=skipped)
+
+
+def _check_unique_ids(parsed: Sequence[_Parsed]) -> None:
+    first: dict[str, str] = {}
+    for item in parsed:
+        if item.id in first:
+            raise DataError(f"{item.where}: field 'id': {item.id!r} repeats the id of {first[item.id]}")
+        first[item.id] = item.where
+
+
+# ------------------------------------------------------------------------------ field checks
+
+
+def _where(path: Path, number: int, line: int | None, record: Any, id_key: str) -> str:
+    """How errors name a record: file, line, record number and id when it has one."""
+    place = f"{path}:{line}" if line is not None else str(path)
+    rid = record.get(id_key) if isinstance(record, Mapping) else None
+    named = f" id={rid!r}" if isinstance(rid, (str, int)) and not isinstance(rid, bool) else ""
+    return f"{place}: record #{number}{named}"
+
+
+def _mapping(value: Any, where: str, name: str = "") -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        target = f"field {name!r}" if name else "record"
+        raise DataError(f"{where}: {target}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _string(record: Mapping[str, Any], key: str, where: str, hint: str = "") -> str:
+    if key not in record:
+        raise DataError(f"{where}: field {key!r}: missing{hint}")
+    value = record[key]
+    if not isinstance(value, str) or not value.strip():
+        raise DataError(f"{where}: field {key!r}: expected a non-empty string, got {_shown(value)}")
+    return value
+
+
+def _record_id(record: Mapping[str, Any], key: str, where: str) -> str:
+    value = record.get(key)
+    # Integer ids occur in converted copies of these sets; keep them, as strings.
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return _string(record, key, where)
+
+
+def _list(record: Mapping[str, Any], key: str, where: str, optional: bool = False) -> list[Any]:
+    if key not in record and optional:
+        return []
+    value = record.get(key)
+    if not isinstance(value, list):
+        got = "missing" if key not in record else _shown(value)
+        raise DataError(f"{where}: field {key!r}: expected a list, got {got}")
+    return value
+
+
+def _shown(value: Any) -> str:
+    """A short rendering of a bad value for error messages."""
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
+
+
+def _unique(items: Sequence[str]) -> list[str]:
+    """``items`` without repeats, first occurrence kept (gold answers, paragraphs)."""
+    return list(dict.fromkeys(items))
+
+
+def _answers(main: str, aliases: Sequence[Any], where: str, field_name: str) -> list[str]:
+    for i, alias in enumerate(aliases):
+        if not isinstance(alias, str):
+            raise DataError(f"{where}: field '{field_name}[{i}]': expected a string, got {_shown(alias)}")
+    return _unique([main, *[a for a in aliases if a.strip()]])
+
+
+# ------------------------------------------------------------------- HotpotQA and 2Wiki format
+
+
+def _titled_context(
+    record: Mapping[str, Any], where: str, join: Callable[[Sequence[str]], str]
+) -> list[tuple[str, str]]:
+    """``context`` as ``(title, rendered paragraph)`` pairs, validated."""
+    context = _list(record, "context", where)
+    if not context:
+        raise DataError(f"{where}: field 'context': expected a non-empty list of [title, sentences]")
+    pairs = []
+    for i, entry in enumerate(context):
+        ok = isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[0], str)
+        ok = ok and isinstance(entry[1], list) and all(isinstance(s, str) for s in entry[1])
+        if not ok:
+            raise DataError(f"{where}: field 'context[{i}]': expected [title, [sentences...]], got {_shown(entry)}")
+        title, sentences = entry
+        pairs.append((title, f"{title}\n{join(sentences)}"))
+    return pairs
+
+
+def _supporting_titles(record: Mapping[str, Any], where: str, titles: set[str]) -> list[str]:
+    facts = _list(record, "supporting_facts", where)
+    if not facts:
+        raise DataError(f"{where}: field 'supporting_facts': expected a non-empty list of [title, sentence id]")
+    out = []
+    for i, fact in enumerate(facts):
+        if not (isinstance(fact, (list, tuple)) and len(fact) == 2 and isinstance(fact[0], str)):
+            raise DataError(f"{where}: field 'supporting_facts[{i}]': expected [title, sentence id], got {_shown(fact)}")
+        if fact[0] not in titles:
+            raise DataError(f"{where}: field 'supporting_facts[{i}]': title {fact[0]!r} is not in 'context'")
+        out.append(fact[0])
+    return _unique(out)
+
+
+def _read_titled(path: Path, join: Callable[[Sequence[str]], str]) -> Iterator[_Parsed]:
+    """HotpotQA / 2WikiMultihopQA: a JSON array (or JSON lines) of questions with titled context."""
+    for rec in iter_json_records(path):
+        where = _where(path, rec.number, rec.line, rec.value, "_id")
+        record = _mapping(rec.value, where)
+        qid = _record_id(record, "_id", where)
+        question = _string(record, "question", where)
+        answer = _string(record, "answer", where, hint=" (the test split has no answers; use train or dev)")
+        pairs = _titled_context(record, where, join)
+        gold_titles = set(_supporting_titles(record, where, {title for title, _ in pairs}))
+        gold = _unique([text for title, text in pairs if title in gold_titles])
+        distractors = _unique([text for title, text in pairs if title not in gold_titles and text not in gold])
+        aliases = _list(record, "answer_aliases", where, optional=True)
+        yield _Parsed(qid, question, _answers(answer, aliases, where, "answer_aliases"), gold, distractors, where)
+
+
+def _join_hotpot(sentences: Sequence[str]) -> str:
+    return "".join(sentences)
+
+
+def _join_spaced(sentences: Sequence[str]) -> str:
+    """Sentences joined with one space where neither neighbour brings whitespace."""
+    out = ""
+    for sentence in sentences:
+        if out and not out[-1].isspace() and sentence and not sentence[0].isspace():
+            out += " "
+        out += sentence
+    return out
+
+
+def _read_hotpotqa(path: Path) -> Iterator[_Parsed]:
+    return _read_titled(path, _join_hotpot)
+
+
+def _read_2wiki(path: Path) -> Iterator[_Parsed]:
+    return _read_titled(path, _join_spaced)
+
+
+# ------------------------------------------------------------------------------------ MuSiQue
+
+
+def _read_musique(path: Path) -> Iterator[_Parsed | None]:
+    """MuSiQue JSON lines; questions marked ``answerable: false`` are skipped (yield None)."""
+    for rec in iter_json_records(path):
+        where = _where(path, rec.number, rec.line, rec.value, "id")
+        record = _mapping(rec.value, where)
+        qid = _record_id(record, "id", where)
+        answerable = record.get("answerable", True)
+        if not isinstance(answerable, bool):
+            raise DataError(f"{where}: field 'answerable': expected true or false, got {_shown(answerable)}")
+        if not answerable:
+            yield None
+            continue
+        question = _string(record, "question", where)
+        answer = _string(record, "answer", where)
+        aliases = _list(record, "answer_aliases", where, optional=True)
+        gold, distractors = [], []
+        for i, raw in enumerate(_list(record, "paragraphs", where)):
+            para_where = f"{where}: field 'paragraphs[{i}]'"
+            paragraph = _mapping(raw, where, f"paragraphs[{i}]")
+            title = paragraph.get("title")
+            text = paragraph.get("paragraph_text")
+            supporting = paragraph.get("is_supporting")
+            if not isinstance(title, str) or not isinstance(text, str) or not text.strip():
+                raise DataError(f"{para_where}: expected a string 'title' and a non-empty 'paragraph_text'")
+            if not isinstance(supporting, bool):
+                raise DataError(f"{para_where}.is_supporting: expected true or false, got {_shown(supporting)}")
+            (gold if supporting else distractors).append(f"{title}\n{text}")
+        if not gold:
+            raise DataError(f"{where}: field 'paragraphs': no paragraph has is_supporting = true")
+        gold = _unique(gold)
+        distractors = _unique([p for p in distractors if p not in gold])
+        yield _Parsed(qid, question, _answers(answer, aliases, where, "answer_aliases"), gold, distractors, where)
+
+
+# -------------------------------------------------------------------------------------- SQuAD
+
+
+def _read_squad(path: Path) -> Iterator[_Parsed | None]:
+    """SQuAD v1.1 / v2.0 (``{"data": [article...]}``); v2's impossible questions are skipped."""
+    document = _mapping(load_json(path), f"{path}: top level")
+    articles = _list(document, "data", f"{path}: top level")
+    for a, raw_article in enumerate(articles):
+        article_where = f"{path}: data[{a}]"
+        article = _mapping(raw_article, article_where)
+        paragraphs = []
+        for p, raw_paragraph in enumerate(_list(article, "paragraphs", article_where)):
+            paragraph_where = f"{article_where}.paragraphs[{p}]"
+            paragraph = _mapping(raw_paragraph, paragraph_where)
+            paragraphs.append((paragraph_where, _string(paragraph, "context", paragraph_where), paragraph))
+        contexts = _unique([context for _, context, _ in paragraphs])
+        for paragraph_where, context, paragraph in paragraphs:
+            others = [c for c in contexts if c != context]
+            for q, raw_qa in enumerate(_list(paragraph, "qas", paragraph_where)):
+                yield _squad_question(raw_qa, f"{paragraph_where}.qas[{q}]", context, others)
+
+
+def _squad_question(raw: Any, where: str, context: str, others: list[str]) -> _Parsed | None:
+    rid = raw.get("id") if isinstance(raw, Mapping) else None
+    where = f"{where} id={rid!r}" if isinstance(rid, str) else where
+    qa = _mapping(raw, where)
+    qid = _record_id(qa, "id", where)
+    impossible = qa.get("is_impossible", False)
+    if not isinstance(impossible, bool):
+        raise DataError(f"{where}: field 'is_impossible': expected true or false, got {_shown(impossible)}")
+    if impossible:
+        return None
+    question = _string(qa, "question", where)
+    texts = []
+    for i, answer in enumerate(_list(qa, "answers", where)):
+        text = answer.get("text") if isinstance(answer, Mapping) else None
+        if not isinstance(text, str) or not text.strip():
+            raise DataError(f"{where}: field 'answers[{i}].text': expected a non-empty string, got {_shown(answer)}")
+        texts.append(text)
+    if not texts:
+        raise DataError(f"{where}: field 'answers': expected at least one answer for an answerable question")
+    return _Parsed(qid, question, _unique(texts), [context], list(others), where)
+
+
+_READERS: dict[str, Callable[[Path], Iterator[_Parsed | None]]] = {
+    "hotpotqa": _read_hotpotqa,
+    "2wiki": _read_2wiki,
+    "musique": _read_musique,
+    "squad": _read_squad,
+}

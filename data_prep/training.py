@@ -1,0 +1,158 @@
+"""The verl training parquet: one row per sample, streamed, with a document store beside it.
+
+Columns (what verl's ``RLHFDataset`` and our agent loops and reward manager read):
+
+* ``data_source``: the source name (``hotpotqa``, ...);
+* ``prompt``: ``[{"role": "user", "content": question}]``, the question only;
+* ``context``: the document text (omit with ``inline_context=False``; see below);
+* ``document_ref``: ``"<store path>#<sample id>"``, the reference our agent loop resolves
+  (:mod:`infmem_verl.rollout.documents`);
+* ``reward_model``: ``{"style": "rule", "ground_truth": [every gold answer]}``;
+* ``extra_info``: ``index``, ``id``, ``source``, ``split``, ``question``, ``num_tokens``,
+  ``num_docs``, ``gold_positions`` (1-based document numbers), ``gold_token_starts``, ``seed``,
+  ``target``;
+* ``agent_name``: the agent loop (``infmem_agent`` or ``memagent_agent``).
+
+The store (``<name>_docs.parquet``, columns ``doc_id`` and ``text`` in row groups of
+:data:`~infmem_verl.rollout.documents.ROW_GROUP_SIZE`) holds each document once, keyed by the
+sample id, so a worker fetches one document without reading the training file's other rows.
+verl copies every dataset column into each stored sequence, so for long documents the inline
+``context`` column is best left out of the file given to the trainer.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from infmem_verl.data.sample import QASample
+from infmem_verl.rollout.documents import ROW_GROUP_SIZE, make_ref, resolve
+
+from .io import ParquetRowWriter
+
+AGENT_LOOPS = ("infmem_agent", "memagent_agent")
+# Rows per row group of the training file: its rows are small when documents are by reference.
+_TRAIN_ROW_GROUP = 256
+# Rows per row group when the context is inline: keeps a row group of 1M-token rows near 32 MB.
+_INLINE_ROW_GROUP = 8
+
+_EXTRA_INFO = pa.struct(
+    [
+        ("index", pa.int64()),
+        ("id", pa.string()),
+        ("source", pa.string()),
+        ("split", pa.string()),
+        ("question", pa.string()),
+        ("num_tokens", pa.int64()),
+        ("num_docs", pa.int64()),
+        ("gold_positions", pa.list_(pa.int64())),
+        ("gold_token_starts", pa.list_(pa.int64())),
+        ("seed", pa.int64()),
+        ("target", pa.string()),
+    ]
+)
+STORE_SCHEMA = pa.schema([("doc_id", pa.string()), ("text", pa.string())])
+
+
+def training_schema(inline_context: bool) -> pa.Schema:
+    """The training file's schema, with or without the inline ``context`` column."""
+    fields = [
+        ("data_source", pa.string()),
+        ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+        ("document_ref", pa.string()),
+        ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.list_(pa.string()))])),
+        ("extra_info", _EXTRA_INFO),
+        ("agent_name", pa.string()),
+    ]
+    if inline_context:
+        fields.insert(2, ("context", pa.large_string()))
+    return pa.schema(fields)
+
+
+def store_path(out: str | os.PathLike) -> Path:
+    """The document store written beside training file ``out``: ``<stem>_docs.parquet``."""
+    out = Path(out)
+    return out.with_name(f"{out.stem}_docs.parquet")
+
+
+def training_row(sample: QASample, store: str | os.PathLike, agent_name: str, inline_context: bool) -> dict[str, Any]:
+    """The row of a composed sample (``meta`` as :mod:`data_prep.build` fills it)."""
+    if agent_name not in AGENT_LOOPS:
+        raise ValueError(f"agent_name: expected one of {', '.join(AGENT_LOOPS)}, got {agent_name!r}")
+    if "#" in sample.id:
+        raise ValueError(f"sample id {sample.id!r}: '#' separates the store from the id in a document reference")
+    meta = sample.meta
+    row = {
+        "data_source": sample.source,
+        "prompt": [{"role": "user", "content": sample.question}],
+        "document_ref": make_ref(store, sample.id),
+        "reward_model": {"style": "rule", "ground_truth": list(sample.answers)},
+        "extra_info": {"id": sample.id, "source": sample.source, "question": sample.question}
+        | {key: meta[key] for key in _EXTRA_INFO.names if key in meta},
+        "agent_name": agent_name,
+    }
+    if inline_context:
+        row["context"] = sample.context
+    return row
+
+
+class TrainingWriter:
+    """Streams samples into a training parquet and its document store.
+
+    ``out`` / ``store`` are the paths written now (temporary names during an atomic build);
+    ``final_store`` is where the store will live, the path the references name.
+    """
+
+    def __init__(
+        self,
+        out: str | os.PathLike,
+        store: str | os.PathLike,
+        final_store: str | os.PathLike,
+        agent_name: str,
+        inline_context: bool = True,
+    ) -> None:
+        self.final_store = Path(final_store).resolve()
+        self.agent_name = agent_name
+        self.inline_context = inline_context
+        row_group = _INLINE_ROW_GROUP if inline_context else _TRAIN_ROW_GROUP
+        self._rows = ParquetRowWriter(out, training_schema(inline_context), row_group)
+        self._docs = ParquetRowWriter(store, STORE_SCHEMA, ROW_GROUP_SIZE)
+
+    def write(self, sample: QASample) -> None:
+        row = training_row(sample, self.final_store, self.agent_name, self.inline_context)
+        self._docs.write({"doc_id": sample.id, "text": sample.context})
+        self._rows.write(row)
+
+    def close(self) -> None:
+        self._docs.close()
+        self._rows.close()
+
+
+def read_training_set(path: str | os.PathLike) -> Iterator[QASample]:
+    """The samples of a training parquet, one row group at a time.
+
+    The context comes from the ``context`` column when the file has it, from the document
+    store otherwise.
+    """
+    handle = pq.ParquetFile(os.fspath(path))
+    inline = "context" in handle.schema_arrow.names
+    for group in range(handle.num_row_groups):
+        for number, row in enumerate(handle.read_row_group(group).to_pylist()):
+            info = dict(row["extra_info"])
+            context = row["context"] if inline else resolve(row["document_ref"])
+            meta = {k: v for k, v in info.items() if k not in ("id", "source", "question")}
+            yield QASample.from_record(
+                {
+                    "id": info["id"],
+                    "question": row["prompt"][-1]["content"],
+                    "answers": list(row["reward_model"]["ground_truth"]),
+                    "context": context,
+                    "source": row["data_source"],
+                    "meta": meta,
+                },
+                where=f"{path} row group {group} row {number}",
+            )
