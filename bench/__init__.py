@@ -1,0 +1,1 @@
+"""Benchmarks: runnable scripts that print measurements and assert nothing."""

@@ -1,0 +1,413 @@
+"""Retrieval benchmark: recall on real Wikipedia haystacks and speed on a 1M-token document.
+
+Run ``python -m bench.retrieval`` (about 5 minutes on 2 idle cores) or ``--quick`` (about 3). It
+prints tables and asserts nothing.
+
+Quality. A haystack is real Wikipedia lead paragraphs (``assets.wiki_paragraphs()``) in random
+order, joined with blank lines up to 32K, 128K or 1M Qwen3 tokens, and cut into 500-token units
+with 100 overlap inside 5000-token chunks by the agent's own ``Document``. Each question asks for
+one fact of one paragraph of the haystack: in one of its sentences a specific span (a year, a
+number, a name) is removed and replaced by a wh-phrase, a leading pronoun is replaced by the
+paragraph's title, and the rest is perturbed (words dropped, the two halves swapped, some suffixes
+stripped, punctuation removed) so the question is not a verbatim copy. Two question styles share
+the facts: "entity" keeps names and numbers more often than other words, as real questions do;
+"hard" drops every word alike and keeps much less. A question is found at k when one of the
+top-k units contains its whole evidence sentence (facts whose sentence is cut by a chunk boundary,
+so that no unit holds it, are skipped and counted).
+
+Speed. On the 1M-token haystack: index build time, milliseconds per query, and the reference's
+way (whitespace BM25Okapi rebuilt for every rollout) beside ours (one shared build).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import re
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from infmem_verl.agent.config import DocumentConfig, RetrievalConfig
+from infmem_verl.agent.document import Document
+from infmem_verl.agent.retrieval import STOPWORDS, BM25Index, get_analyzer
+from infmem_verl.assets import load_tokenizer, wiki_paragraphs
+
+KS = (1, 4, 8)
+SEED = 1234
+
+
+@dataclass(frozen=True)
+class LengthPlan:
+    """How many haystacks of a length, and how many facts (questions per style) each."""
+
+    label: str
+    tokens: int
+    haystacks: int
+    questions: int
+
+
+FULL_PLAN = (
+    LengthPlan("32K", 32_000, 5, 40),
+    LengthPlan("128K", 128_000, 3, 67),
+    LengthPlan("1M", 1_000_000, 1, 200),
+)
+QUICK_PLAN = (
+    LengthPlan("32K", 32_000, 2, 30),
+    LengthPlan("128K", 128_000, 1, 50),
+    LengthPlan("1M", 1_000_000, 1, 60),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Questions
+
+
+@dataclass(frozen=True)
+class QuestionStyle:
+    """How a fact's sentence becomes a question.
+
+    Each remaining word is kept with ``keep_name`` (capitalised or digit-initial words: names,
+    numbers), ``keep_stopword`` or ``keep_content``; a kept word of 6+ letters loses its suffix
+    with ``strip_suffix`` (morphological variation: "directed" -> "direct"). At least
+    ``min_content`` non-stopwords must remain, so a question never degenerates into
+    "Who or what are of the?".
+    """
+
+    name: str
+    keep_name: float
+    keep_content: float
+    keep_stopword: float
+    strip_suffix: float = 0.3
+    min_content: int = 3
+
+    def keep_probability(self, word: str) -> float:
+        if word[:1].isupper() or word[:1].isdigit():
+            return self.keep_name
+        return self.keep_stopword if word.lower() in STOPWORDS else self.keep_content
+
+
+STYLES = (
+    QuestionStyle("entity", keep_name=0.8, keep_content=0.6, keep_stopword=0.3),
+    QuestionStyle("hard", keep_name=0.3, keep_content=0.3, keep_stopword=0.3),
+)
+
+
+@dataclass(frozen=True)
+class Fact:
+    """A sentence of a paragraph and the span of it a question will ask for."""
+
+    title: str
+    sentence: str
+    start: int
+    end: int
+    wh: str
+
+    @property
+    def answer(self) -> str:
+        return self.sentence[self.start : self.end]
+
+
+_SENTENCE_RE = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(])")
+_YEAR_RE = re.compile(r"\b(1[0-9]{3}|20[0-2][0-9])\b")
+_NUMBER_RE = re.compile(r"\b\d[\d,.]*\d\b|\b\d\b")
+# A capitalised name of one or more words ("Stanley Kubrick", "Arthur C. Clarke").
+_NAME_RE = re.compile(r"\b[A-Z][\w'-]+(?:\s+(?:[A-Z]\.|[A-Z][\w'-]+))*")
+_PRONOUNS = {"It": "", "He": "", "She": "", "They": "", "Its": "'s", "His": "'s", "Her": "'s", "Their": "'s"}
+_SUFFIX_RE = re.compile(r"(ing|ed|es|s)$")
+
+
+def facts(title: str, text: str, rng: random.Random) -> list[Fact]:
+    """One candidate fact per suitable sentence (8-50 words, holding a year, number or name)."""
+    out = []
+    for sentence in _SENTENCE_RE.split(text):
+        if not 8 <= len(sentence.split()) <= 50:
+            continue
+        title_words = set(title.lower().split())
+        spans = [(m.start(), m.end(), "In what year") for m in _YEAR_RE.finditer(sentence)]
+        years = {s for s, _, _ in spans}
+        spans += [(m.start(), m.end(), "How many or what number") for m in _NUMBER_RE.finditer(sentence) if m.start() not in years]
+        spans += [
+            (m.start(), m.end(), "Who or what")
+            for m in _NAME_RE.finditer(sentence)
+            if m.start() > 0 and not set(m.group().lower().split()) & title_words
+        ]
+        if spans:
+            out.append(Fact(title, sentence, *rng.choice(spans)))
+    rng.shuffle(out)
+    return out
+
+
+def ask(fact: Fact, style: QuestionStyle, rng: random.Random) -> str | None:
+    """The question of ``fact`` in ``style``, or None when too few content words survive."""
+    rest = fact.sentence[: fact.start] + " " + fact.sentence[fact.end :]
+    words = [w for w in (w.strip(".,;:()\"[]") for w in rest.split()) if w]
+    if words and words[0] in _PRONOUNS and fact.title:
+        words[0] = fact.title + _PRONOUNS[words[0]]
+    kept = [w for w in words if rng.random() < style.keep_probability(w)]
+    if sum(w.lower() not in STOPWORDS for w in kept) < style.min_content:
+        return None
+    kept = [_SUFFIX_RE.sub("", w) if len(w) > 5 and rng.random() < style.strip_suffix else w for w in kept]
+    if len(kept) > 4 and rng.random() < 0.5:
+        cut = rng.randrange(2, len(kept) - 1)
+        kept = kept[cut:] + kept[:cut]
+    question = f"{fact.wh} {' '.join(kept)}?"
+    return None if fact.answer.lower() in question.lower() else question
+
+
+# ---------------------------------------------------------------------------------------------
+# Haystacks
+
+
+@dataclass
+class Haystack:
+    units: list[str]
+    facts: list[Fact]
+    questions: dict[str, list[str]]  # per style, one question per fact
+    gold: list[np.ndarray]  # per fact, the units holding its whole sentence
+    skipped: int  # facts dropped because no unit holds their whole sentence
+    num_tokens: int
+    num_chunks: int
+
+
+def paragraph_token_counts(tokenizer, paragraphs: Sequence[dict]) -> np.ndarray:
+    ids = tokenizer([p["text"] for p in paragraphs], add_special_tokens=False)["input_ids"]
+    return np.array([len(x) for x in ids], dtype=np.int64)
+
+
+def build_haystack(
+    tokenizer, paragraphs: Sequence[dict], counts: np.ndarray, plan: LengthPlan, rng: random.Random
+) -> Haystack:
+    """Random paragraphs up to ``plan.tokens`` tokens, cut by ``Document``, with questions."""
+    order = list(range(len(paragraphs)))
+    rng.shuffle(order)
+    total = np.cumsum(counts[order] + 1)  # "\n\n" is one Qwen3 token
+    chosen = order[: int(np.searchsorted(total, plan.tokens)) + 1]
+    doc = Document.from_text("\n\n".join(paragraphs[i]["text"] for i in chosen), tokenizer, DocumentConfig())
+    units = doc.unit_texts()
+    hay = Haystack(units, [], {s.name: [] for s in STYLES}, [], 0, doc.num_tokens, doc.num_chunks)
+    for i in rng.sample(chosen, len(chosen)):
+        if len(hay.facts) == plan.questions:
+            break
+        for fact in facts(paragraphs[i]["title"], paragraphs[i]["text"], rng):
+            questions = [ask(fact, style, rng) for style in STYLES]
+            if None not in questions:
+                break
+        else:
+            continue
+        holding = np.array([u for u, text in enumerate(units) if fact.sentence in text], dtype=np.int64)
+        if len(holding) == 0:
+            hay.skipped += 1
+            continue
+        hay.facts.append(fact)
+        hay.gold.append(holding)
+        for style, question in zip(STYLES, questions):
+            hay.questions[style.name].append(question)
+    return hay
+
+
+# ---------------------------------------------------------------------------------------------
+# Retrievers: build(units) -> query function returning the top units, best first
+
+Retriever = Callable[[str, int], Sequence[int]]
+Builder = Callable[[Sequence[str]], Retriever]
+
+
+def ours(cfg: RetrievalConfig) -> Builder:
+    def build(units: Sequence[str]) -> Retriever:
+        index = BM25Index.build(units, cfg)
+        return lambda q, k: [h.unit for h in index.search(q, k)]
+
+    return build
+
+
+def reference_whitespace(units: Sequence[str]) -> Retriever:
+    """Paper-era eval/distill: BM25Okapi over ``lower().split()``, punctuation glued to words."""
+    from rank_bm25 import BM25Okapi
+
+    bm25 = BM25Okapi([u.lower().split() for u in units])
+    return lambda q, k: np.argsort(-bm25.get_scores(q.lower().split()))[:k]
+
+
+def reference_characters(units: Sequence[str]) -> Retriever:
+    """The RL bug: raw strings given to BM25Okapi are indexed as characters."""
+    from rank_bm25 import BM25Okapi
+
+    bm25 = BM25Okapi(list(units))
+    return lambda q, k: np.argsort(-bm25.get_scores(q.lower().split()))[:k]
+
+
+def variants(rerank: bool) -> dict[str, Builder]:
+    """Every compared retriever by name; ours first, the reference's last."""
+    table: dict[str, Builder] = {
+        "words": ours(RetrievalConfig(stem=False, stopwords=False)),
+        "words+stop": ours(RetrievalConfig(stem=False, stopwords=True)),
+        "words+stem": ours(RetrievalConfig(stem=True, stopwords=False)),
+        "words+stem+stop (k1=1.2 b=0.75)": ours(RetrievalConfig(stem=True, stopwords=True)),
+    }
+    for k1, b in ((0.9, 0.4), (1.2, 0.3), (1.2, 0.5), (1.2, 0.9), (1.5, 0.75), (2.0, 0.75)):
+        table[f"stem+stop k1={k1} b={b}"] = ours(RetrievalConfig(k1=k1, b=b))
+    table["rank_bm25 backend, stem+stop"] = ours(RetrievalConfig(backend="rank_bm25"))
+    table["rank_bm25 words k1=1.5 (~eval HEAD)"] = ours(
+        RetrievalConfig(backend="rank_bm25", stem=False, stopwords=False, k1=1.5)
+    )
+    if rerank:
+        table["stem+stop + MiniLM rerank c=32"] = ours(RetrievalConfig(rerank=True, rerank_candidates=32))
+    table["REF whitespace lower().split()"] = reference_whitespace
+    table["REF characters (RL bug)"] = reference_characters
+    return table
+
+
+def found_at_k(retrieve: Retriever, questions: Sequence[str], gold: Sequence[np.ndarray]) -> np.ndarray:
+    """How many questions have an evidence unit in the top k, for each k of ``KS``."""
+    found = np.zeros(len(KS))
+    for question, units in zip(questions, gold):
+        top = np.asarray(retrieve(question, max(KS)), dtype=np.int64)
+        found += [np.isin(top[:k], units).any() for k in KS]
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# Speed
+
+
+def timed(fn: Callable[[], object]) -> tuple[object, float]:
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+def ms_per_query(retrieve: Retriever, queries: Sequence[str], k: int = 4) -> float:
+    _, seconds = timed(lambda: [retrieve(q, k) for q in queries])
+    return 1000 * seconds / len(queries)
+
+
+def speed(hay: Haystack, rollouts: int = 4) -> None:
+    """Build and query timings on one (1M-token) haystack."""
+    units, queries = hay.units, [q for qs in hay.questions.values() for q in qs]
+    print(f"\n== Speed on a {hay.num_tokens:,}-token document: {len(units)} units, {hay.num_chunks} chunks ==")
+    print(f"{'':32s} {'build s':>8s} {'ms/query':>9s}")
+    for name, build in (
+        ("ours sparse (stem+stop)", ours(RetrievalConfig())),
+        ("ours rank_bm25 (stem+stop)", ours(RetrievalConfig(backend="rank_bm25"))),
+        ("REF whitespace BM25Okapi", reference_whitespace),
+    ):
+        get_analyzer.cache_clear()  # a cold analyzer: the build pays for stemming the vocabulary
+        retrieve, build_s = timed(lambda: build(units))
+        print(f"{name:32s} {build_s:8.2f} {ms_per_query(retrieve, queries):9.2f}")
+
+    index = BM25Index.build(units, RetrievalConfig())
+    w = index.scorer.weights
+    nbytes = w.data.nbytes + w.indices.nbytes + w.indptr.nbytes
+    print(f"sparse index: {len(index.scorer.vocab):,} terms, {w.nnz:,} non-zeros, {nbytes / 2**20:.1f} MiB of arrays")
+
+    # One retrieval per chunk is the most a rollout issues; the reference rebuilds per rollout.
+    per_rollout = (queries * (hay.num_chunks // len(queries) + 1))[: hay.num_chunks]
+
+    def reference_rollouts() -> None:
+        for _ in range(rollouts):
+            retrieve = reference_whitespace(units)
+            for q in per_rollout:
+                retrieve(q, 4)
+
+    def our_rollouts() -> None:
+        get_analyzer.cache_clear()
+        shared = BM25Index.build(units, RetrievalConfig())
+        for _ in range(rollouts):
+            for q in per_rollout:
+                shared.search(q, 4)
+
+    _, ref_s = timed(reference_rollouts)
+    _, our_s = timed(our_rollouts)
+    print(
+        f"{rollouts} rollouts x {len(per_rollout)} queries: REF (whitespace, {rollouts} builds) {ref_s:.1f} s, "
+        f"ours (sparse, 1 shared build) {our_s:.1f} s"
+    )
+
+
+def rerank_speed(hay: Haystack, candidates: int = 32, n_queries: int = 5) -> None:
+    """Milliseconds per reranked query with a cold and a warm unit-embedding cache."""
+    queries = hay.questions[STYLES[0].name][:n_queries]
+    index = BM25Index.build(hay.units, RetrievalConfig(rerank=True, rerank_candidates=candidates))
+    index.search("load the model", 1)
+    cold = ms_per_query(lambda q, k: index.search(q, k), queries)
+    warm = ms_per_query(lambda q, k: index.search(q, k), queries)
+    print(
+        f"MiniLM rerank c={candidates} over {len(hay.units)} units: {cold:.0f} ms/query with a cold cache, "
+        f"{warm:.1f} ms/query warm ({index.num_embedded} units embedded)"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def print_recall(style: str, results: dict[str, dict[str, np.ndarray]], counts: dict[str, int]) -> None:
+    """One row per variant, one column per (length, k)."""
+    labels = list(results)
+    names = list(dict.fromkeys(name for r in results.values() for name in r))
+    print(f"\n== Recall of the evidence unit, '{style}' questions ({', '.join(f'{lab}: {counts[lab]}' for lab in labels)}) ==")
+    print(f"{'variant':40s}" + "".join(f" {lab + ' R@' + str(k):>9s}" for lab in labels for k in KS))
+    for name in names:
+        cells = []
+        for lab in labels:
+            found = results[lab].get(name)
+            cells += [f"{'-':>9s}"] * len(KS) if found is None else [f"{x / counts[lab]:9.3f}" for x in found]
+        print(f"{name:40s} " + " ".join(cells))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer haystacks and questions")
+    parser.add_argument("--no-rerank", action="store_true", help="skip the MiniLM rerank variant")
+    parser.add_argument(
+        "--rerank-max-tokens",
+        type=int,
+        default=32_000,
+        help="measure rerank recall only on haystacks up to this size (MiniLM on CPU embeds ~3 units/s)",
+    )
+    args = parser.parse_args(argv)
+    plan = QUICK_PLAN if args.quick else FULL_PLAN
+
+    tokenizer = load_tokenizer()
+    paragraphs = wiki_paragraphs()
+    counts = paragraph_token_counts(tokenizer, paragraphs)
+    rng = random.Random(SEED)
+    print(f"{len(paragraphs)} Wikipedia paragraphs, {counts.sum():,} tokens; seed {SEED}")
+
+    # results[style][length][variant] = hits at each k
+    results: dict[str, dict[str, dict[str, np.ndarray]]] = {s.name: {} for s in STYLES}
+    n_questions: dict[str, int] = {}
+    for length in plan:
+        n_questions[length.label] = skipped = 0
+        for _ in range(length.haystacks):
+            hay = build_haystack(tokenizer, paragraphs, counts, length, rng)
+            n_questions[length.label] += len(hay.facts)
+            skipped += hay.skipped
+            use_rerank = not args.no_rerank and length.tokens <= args.rerank_max_tokens
+            for name, build in variants(use_rerank).items():
+                retrieve = build(hay.units)
+                for style in STYLES:
+                    table = results[style.name].setdefault(length.label, {})
+                    hits = found_at_k(retrieve, hay.questions[style.name], hay.gold)
+                    table[name] = table.get(name, 0) + hits
+        print(
+            f"{length.label}: {length.haystacks} haystack(s) of {hay.num_tokens:,} tokens / {len(hay.units)} units, "
+            f"{n_questions[length.label]} facts ({skipped} skipped: sentence cut by a chunk boundary)",
+            flush=True,
+        )
+    for style in STYLES:
+        print_recall(style.name, results[style.name], n_questions)
+    print("\nExample questions (last haystack):")
+    for i, fact in enumerate(hay.facts[:4]):
+        print(f"  evidence: {fact.sentence}\n  answer:   {fact.answer}")
+        for style in STYLES:
+            print(f"  {style.name + ':':9s} {hay.questions[style.name][i]}")
+    speed(hay)
+    if not args.no_rerank:
+        rerank_speed(hay, n_queries=2 if args.quick else 5)
+
+
+if __name__ == "__main__":
+    main()

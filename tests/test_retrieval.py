@@ -1,0 +1,277 @@
+"""BM25 retrieval over real Wikipedia paragraphs: analyzer, both backends, masks, ties, rerank."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from infmem_verl.agent.config import ConfigError, RetrievalConfig
+from infmem_verl.agent.rerank import RRF_K, UnitEmbeddings, reciprocal_rank_fusion
+from infmem_verl.agent.retrieval import STOPWORDS, BM25Index, Hit, get_analyzer
+from infmem_verl.assets import wiki_paragraphs
+
+ANALYZER_FLAGS = [(False, False), (False, True), (True, False), (True, True)]
+
+
+@pytest.fixture(scope="module")
+def units() -> list[str]:
+    """400 real Wikipedia paragraphs, each one retrieval unit."""
+    rng = random.Random(7)
+    paragraphs = list(wiki_paragraphs())
+    return [p["text"] for p in rng.sample(paragraphs, 400)]
+
+
+@pytest.fixture(scope="module")
+def index(units) -> BM25Index:
+    return BM25Index.build(units, RetrievalConfig())
+
+
+def _rare_words(units: list[str], count: int) -> list[tuple[str, int]]:
+    """Words (alphabetic, 7+ letters, not stopwords) found in exactly one unit, with that unit."""
+    analyzer = get_analyzer(stem=True, stopwords=True)
+    where: dict[str, set[int]] = {}
+    for i, text in enumerate(units):
+        for term in set(analyzer.analyze(text)):
+            where.setdefault(term, set()).add(i)
+    out = []
+    for i, text in enumerate(units):
+        for word in get_analyzer(stem=False, stopwords=False).words(text):
+            if len(word) >= 7 and word.isalpha() and where[analyzer.analyze(word)[0]] == {i}:
+                out.append((word, i))
+                break
+        if len(out) == count:
+            break
+    return out
+
+
+@pytest.mark.parametrize("stem,stopwords", ANALYZER_FLAGS)
+def test_analyzer_splits_punctuation_and_case(stem, stopwords):
+    analyzer = get_analyzer(stem, stopwords)
+    assert analyzer.analyze("Paris, FRANCE! (capital)") == analyzer.analyze("paris france capital")
+    assert analyzer.words("Seurat's snake_case 3.14") == ["seurat", "s", "snake", "case", "3", "14"]
+
+
+def test_analyzer_flags_change_terms():
+    assert get_analyzer(False, False).analyze("The painted paintings") == ["the", "painted", "paintings"]
+    assert get_analyzer(False, True).analyze("The painted paintings") == ["painted", "paintings"]
+    assert get_analyzer(True, False).analyze("The painted paintings") == ["the", "paint", "paint"]
+    assert get_analyzer(True, True).analyze("The painted paintings") == ["paint", "paint"]
+    # Non-Latin scripts are words too; CJK has no spaces, so it becomes unigrams and bigrams.
+    assert get_analyzer(False, False).words("Москва 東京都") == ["москва", "東", "京", "都", "東京", "京都"]
+
+
+@pytest.mark.parametrize("backend", ["sparse", "rank_bm25"])
+def test_rare_word_finds_its_unit(units, backend):
+    index = BM25Index.build(units, RetrievalConfig(backend=backend))
+    rare = _rare_words(units, 20)
+    assert len(rare) == 20
+    for word, unit in rare:
+        hits = index.search(word.upper() + "?", top_k=3)
+        assert hits == [Hit(unit, hits[0].score)], word
+        assert hits[0].score > 0
+
+
+def test_glued_punctuation_matches(index, units):
+    for query in ("Paris,", "(France)", "Napoleon's"):
+        bare = query.strip(",()").replace("'s", "")
+        assert index.search(query, top_k=8) == index.search(bare, top_k=8)
+        assert len(index.search(query, top_k=8)) > 0
+    assert any("Paris," in text for text in units)
+
+
+def _surface_words(units: list[str]) -> dict[str, str]:
+    """One surface word of the text for each analyzer term (stems are not words to re-analyze)."""
+    analyzer = get_analyzer(stem=True, stopwords=False)
+    out: dict[str, str] = {}
+    for text in units:
+        for word in analyzer.words(text):
+            out.setdefault(analyzer.analyze(word)[0], word)
+    return out
+
+
+def test_every_document_word_scores_where_present(index, units):
+    """A word of the document scores > 0 in exactly the units holding its term, however common."""
+    analyzer = index.analyzer
+    unit_terms = [set(analyzer.analyze(text)) for text in units]
+    words = _surface_words(units)
+    for term in random.Random(0).sample(sorted(set().union(*unit_terms)), 300):
+        holding = np.array([term in terms for terms in unit_terms])
+        np.testing.assert_array_equal(index.scores(words[term]) > 0, holding, err_msg=term)
+
+
+def test_common_words_still_score(units):
+    """Units of 40 paragraphs each: words in every unit, or in exactly half, still score > 0.
+
+    BM25Okapi (rank_bm25) gives a word in half the units an idf of exactly 0, so it adds nothing
+    to the score; the default backend's idf is positive for every word.
+    """
+    big_units = ["\n\n".join(units[i : i + 40]) for i in range(0, 400, 40)]
+    sparse = BM25Index.build(big_units, RetrievalConfig(stopwords=False))
+    okapi = BM25Index.build(big_units, RetrievalConfig(backend="rank_bm25", stopwords=False))
+    words = _surface_words(big_units)
+    unit_terms = [set(sparse.analyzer.analyze(t)) for t in big_units]
+    df = Counter(term for terms in unit_terms for term in terms)
+    everywhere = [t for t, n in df.items() if n == len(big_units)]
+    half = [t for t, n in df.items() if n == len(big_units) // 2]
+    assert {"the", "of", "first"} <= set(everywhere) and len(half) >= 10
+    for term in everywhere + half:
+        holding = np.array([term in terms for terms in unit_terms])
+        assert (sparse.scores(words[term])[holding] > 0).all(), term
+        assert len(sparse.search(words[term], top_k=len(big_units))) == holding.sum()
+    assert all((okapi.scores(words[term]) == 0).all() for term in half)
+
+
+def test_sparse_scores_match_bm25_formula(units):
+    cfg = RetrievalConfig(k1=1.5, b=0.6)
+    index = BM25Index.build(units, cfg)
+    docs = [Counter(index.analyzer.analyze(t)) for t in units]
+    avgdl = sum(sum(d.values()) for d in docs) / len(docs)
+    query = "the river flows through the capital city"
+    terms = index.analyzer.analyze(query)
+    expected = []
+    for doc in docs:
+        dl = sum(doc.values())
+        score = 0.0
+        for term in terms:
+            df = sum(term in d for d in docs)
+            idf = math.log(1 + (len(docs) - df + 0.5) / (df + 0.5))
+            tf = doc[term]
+            score += idf * tf * (cfg.k1 + 1) / (tf + cfg.k1 * (1 - cfg.b + cfg.b * dl / avgdl))
+        expected.append(score)
+    np.testing.assert_allclose(index.scores(query), expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["sparse", "rank_bm25"])
+def test_ties_break_by_position(units, backend):
+    # Three copies among seven units: BM25Okapi's idf of a word in half the units would be 0.
+    dup = units[4]
+    tied = [units[0], dup, units[1], dup, units[2], dup, units[3]]
+    index = BM25Index.build(tied, RetrievalConfig(backend=backend))
+    word, _ = _rare_words([dup] + units[:4], 1)[0]
+    hits = index.search(word, top_k=2)
+    assert [h.unit for h in hits] == [1, 3]
+    assert hits[0].score == hits[1].score
+    assert [h.unit for h in index.search(word, top_k=8)] == [1, 3, 5]
+    mask = np.array([True, False, True, True, True, True, True])
+    assert [h.unit for h in index.search(word, top_k=8, allowed=mask)] == [3, 5]
+
+
+def test_results_ordered_positive_and_capped(index):
+    for query in ("war in europe", "music of the twentieth century", "largest city river"):
+        for top_k in (1, 4, 8):
+            hits = index.search(query, top_k=top_k)
+            assert 0 < len(hits) <= top_k
+            assert all(h.score > 0 for h in hits)
+            keys = [(-h.score, h.unit) for h in hits]
+            assert keys == sorted(keys)
+    assert index.search("zzqxv ,,, !!", top_k=4) == []
+
+
+def test_allowed_mask_filters_ranking(index):
+    rng = np.random.default_rng(3)
+    full = index.search("war empire battle army", top_k=index.num_units)
+    assert len(full) > 20
+    for _ in range(10):
+        mask = rng.random(index.num_units) < 0.3
+        expected = [h for h in full if mask[h.unit]][:8]
+        assert index.search("war empire battle army", top_k=8, allowed=mask) == expected
+    assert index.search("war empire battle army", 8, allowed=np.zeros(index.num_units, dtype=bool)) == []
+
+
+def test_backends_agree_on_clear_queries(units):
+    sparse = BM25Index.build(units, RetrievalConfig())
+    okapi = BM25Index.build(units, RetrievalConfig(backend="rank_bm25"))
+    rare = _rare_words(units, 30)
+    for (w1, u1), (w2, _) in zip(rare, rare[1:]):
+        # A query with one paragraph's rare word plus context words from another.
+        query = f"What about {w1} and {w2} in {units[u1].split()[0]}?"
+        assert sparse.search(query, 1)[0].unit == okapi.search(query, 1)[0].unit, query
+
+
+def test_bad_input_is_rejected(index):
+    with pytest.raises(ValueError, match="unit_texts"):
+        BM25Index.build([], RetrievalConfig())
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="top_k"):
+            index.search("war", top_k=bad)
+    with pytest.raises(ValueError, match="allowed"):
+        index.search("war", 4, allowed=np.ones(index.num_units - 1, dtype=bool))
+    with pytest.raises(ValueError, match="allowed"):
+        index.search("war", 4, allowed=np.ones(index.num_units, dtype=np.int64))
+    with pytest.raises(ConfigError, match="retrieval.b"):
+        BM25Index.build(["some text"], RetrievalConfig(b=1.5))
+    with pytest.raises(ConfigError, match="retrieval.backend"):
+        BM25Index.build(["some text"], RetrievalConfig(backend="bm25s"))
+
+
+def test_stopword_list_is_lowercase_words():
+    assert all(w.isalpha() and w == w.lower() for w in STOPWORDS)
+    assert {"the", "of", "and", "is", "s", "t"} <= STOPWORDS
+
+
+def test_rerank_reorders_within_bm25_pool(units):
+    cfg = RetrievalConfig(rerank=True, rerank_candidates=8)
+    reranked = BM25Index.build(units, cfg)
+    plain = BM25Index.build(units, RetrievalConfig())
+    queries = ["famous painter of the renaissance", "war between two empires", "largest river of the continent"]
+    reordered = 0
+    for query in queries:
+        pool = [h.unit for h in plain.search(query, top_k=8)]
+        hits = reranked.search(query, top_k=4)
+        assert len(hits) == 4 and {h.unit for h in hits} <= set(pool)
+        assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+        assert all(0 < h.score <= 2 / (RRF_K + 1) for h in hits)
+        reordered += [h.unit for h in hits] != pool[:4]
+    assert reordered > 0
+    # Only units that entered a candidate pool were embedded.
+    assert 0 < reranked.num_embedded <= 8 * len(queries)
+    assert plain.num_embedded == 0
+    # A mask keeps reranking inside the allowed units.
+    mask = np.zeros(len(units), dtype=bool)
+    mask[::2] = True
+    assert all(mask[h.unit] for h in reranked.search(queries[0], top_k=4, allowed=mask))
+
+
+def test_rerank_sees_the_end_of_long_units(units):
+    """A unit's similarity is its best window's, so text past MiniLM's input length still counts."""
+    target = "A Sunday Afternoon on the Island of La Grande Jatte"
+    painting = next(p["text"] for p in wiki_paragraphs() if p["title"] == target)
+    filler = "\n\n".join(units[:5])  # well over 128 word pieces
+    embeddings = UnitEmbeddings([filler + "\n\n" + painting, filler + "\n\n" + units[5]])
+    sims = embeddings.similarities("Seurat's pointillist painting of a Sunday on an island", np.array([0, 1]))
+    assert sims[0] > sims[1] + 0.2
+
+
+def test_reciprocal_rank_fusion():
+    fused = reciprocal_rank_fusion(np.array([0, 1, 2]), np.array([2, 1, 0]))
+    np.testing.assert_allclose(fused, [1 / (RRF_K + 1) + 1 / (RRF_K + 3), 2 / (RRF_K + 2), 1 / (RRF_K + 1) + 1 / (RRF_K + 3)])
+    # An item both rankers put first wins.
+    fused = reciprocal_rank_fusion(np.array([1, 0, 2]), np.array([1, 2, 0]))
+    assert fused.argmax() == 1 and fused[1] == 2 / (RRF_K + 1)
+
+
+def test_units_of_a_real_document(tokenizer, units):
+    """Units cut by ``Document`` (Qwen3 tokens, overlapping windows).
+
+    A rare word's top hit holds it, and a read-prefix mask built from ``unit_chunk`` keeps units
+    of later chunks out even when they are the best match.
+    """
+    from infmem_verl.agent.config import DocumentConfig
+    from infmem_verl.agent.document import Document
+
+    doc = Document.from_text("\n\n".join(units[:80]), tokenizer, DocumentConfig(chunk_tokens=2000))
+    index = BM25Index.build(doc.unit_texts(), RetrievalConfig())
+    assert doc.num_chunks > 3
+    rare = _rare_words(units[:80], 80)[::4]  # spread over the whole document
+    words = get_analyzer(stem=False, stopwords=False)
+    for word, _ in rare:
+        hits = index.search(word, top_k=2)
+        assert hits and word in words.words(doc.unit_texts()[hits[0].unit]), word
+    read_prefix = doc.unit_chunk <= 1
+    assert any(doc.unit_chunk[index.search(word, top_k=1)[0].unit] > 1 for word, _ in rare)
+    for word, _ in rare:
+        assert all(doc.unit_chunk[h.unit] <= 1 for h in index.search(word, top_k=8, allowed=read_prefix))
