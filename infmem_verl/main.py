@@ -1,0 +1,146 @@
+"""Hydra entry point: verl's PPO trainer with InfMem / MemAgent agent loops and reward.
+
+    python -m infmem_verl.main +recipe=infmem_4b [key=value ...]
+    python -m infmem_verl.main +recipe=infmem_4b dry_run=true      # compose + validate, start nothing
+
+The config is verl's ``ppo_trainer`` composed with ``infmem_verl/conf`` (groups ``agent``,
+``reward_fn``, ``recipe``). Before any worker starts, :func:`prepare_config` checks what verl
+would only discover inside a Ray actor (or silently ignore): the agent-loop name, reward manager,
+reward components and trainer mode are registered/importable, the agent budgets are valid (and
+size ``rollout.prompt_length`` / ``response_length``), and the dataset files have the columns the
+agent loops read. Then verl's own ``validate_config`` runs, and (unless ``dry_run``) verl's
+``run_ppo`` with its v1 task runner.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from infmem_verl.agent.config import ConfigError
+from infmem_verl.reward.components import load_components
+from infmem_verl.rollout.settings import (
+    agent_settings,
+    apply_rollout_lengths,
+    document_settings,
+    train_settings,
+)
+
+
+@dataclass
+class PreparedRun:
+    """What :func:`prepare_config` derived, for the dry-run summary and tests."""
+
+    agent_loop: str
+    prompt_length: int
+    response_length: int
+    reward_components: dict[str, float]
+    checked_files: list[str]
+    missing_files: list[str]
+
+
+def prepare_config(config: DictConfig) -> PreparedRun:
+    """Validate our part of ``config`` and fill derived values (in place); ConfigError names the key."""
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+    from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
+    from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
+
+    import infmem_verl.plugin  # noqa: F401  (registrations, also done by `import verl`)
+
+    if not config.trainer.use_v1:
+        raise ConfigError(
+            "trainer.use_v1: expected true (only verl's v1 trainer trains on several sequences per sample)"
+        )
+    _check_choice("trainer.v1.trainer_mode", config.trainer.v1.trainer_mode, TRAINER_REGISTRY)
+    loop = config.actor_rollout_ref.rollout.agent.default_agent_loop
+    _check_choice("actor_rollout_ref.rollout.agent.default_agent_loop", loop, _agent_loop_registry)
+    manager = config.reward.reward_manager
+    if manager.source == "register":
+        _check_choice("reward.reward_manager.name", manager.name, REWARD_MANAGER)
+    components = load_components(config.infmem.reward.components)
+    custom = config.reward.custom_reward_function
+    if custom.get("path") and not Path(custom.path).is_file():
+        raise ConfigError(f"reward.custom_reward_function.path: file {custom.path!r} not found")
+    cfg = agent_settings(config)
+    config.infmem.agent.write.prompt_tokens = cfg.write.prompt_tokens
+    prompt_length, response_length = apply_rollout_lengths(config, cfg)
+    train_settings(config)
+    checked, missing = check_datasets(config)
+    return PreparedRun(
+        agent_loop=loop,
+        prompt_length=prompt_length,
+        response_length=response_length,
+        reward_components={c.name: c.weight for c in components},
+        checked_files=checked,
+        missing_files=missing,
+    )
+
+
+def _check_choice(key: str, value: object, registry: dict) -> None:
+    if value not in registry:
+        raise ConfigError(f"{key}: {value!r} is not registered; available: {sorted(registry)}")
+
+
+def required_columns(config: DictConfig) -> list[str]:
+    """Dataset columns our agent loops and reward manager read."""
+    return [config.data.prompt_key, "reward_model", document_settings(config).ref_key]
+
+
+def check_datasets(config: DictConfig) -> tuple[list[str], list[str]]:
+    """Check the columns of every existing train/val parquet file; returns (checked, missing files).
+
+    A file that lacks a column raises :class:`ConfigError` naming the file, the column and the
+    columns it has. A document stored inline (``context`` column) gets a pointer to the packer.
+    """
+    import pyarrow.parquet as pq
+
+    required = required_columns(config)
+    checked, missing = [], []
+    for key in ("data.train_files", "data.val_files"):
+        files = OmegaConf.select(config, key)
+        for file in [files] if isinstance(files, str) else list(files or []):
+            path = os.path.expanduser(file)
+            if not os.path.isfile(path):
+                missing.append(path)
+                continue
+            columns = pq.read_schema(path).names
+            absent = [c for c in required if c not in columns]
+            if absent:
+                hint = ""
+                if "context" in columns:
+                    hint = "; documents must be passed by reference (see infmem_verl.rollout.documents.pack_documents)"
+                raise ConfigError(f"{key}: {path} lacks column(s) {absent}; it has {columns}{hint}")
+            checked.append(path)
+    return checked, missing
+
+
+def run(config: DictConfig) -> PreparedRun:
+    """Prepare, validate with verl, and train (or stop there with ``dry_run=true``)."""
+    from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+    from verl.utils.device import auto_set_device
+
+    prepared = prepare_config(config)
+    if prepared.missing_files and not config.dry_run:
+        raise ConfigError(f"data.train_files / data.val_files: not found: {prepared.missing_files}")
+    auto_set_device(config)
+    validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    if config.dry_run:
+        print(f"[infmem dry run] recipe={config.recipe_name} {prepared}")
+        return prepared
+    run_ppo(config, task_runner_class=TaskRunnerV1)
+    return prepared
+
+
+@hydra.main(config_path="conf", config_name="infmem_trainer", version_base=None)
+def main(config: DictConfig) -> None:
+    run(config)
+
+
+if __name__ == "__main__":
+    main()

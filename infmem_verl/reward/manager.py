@@ -1,0 +1,123 @@
+"""The ``infmem`` reward manager: scores a whole multi-sequence trajectory in verl's reward loop.
+
+verl 0.9.1's v1 agent-loop worker calls the reward loop once per trajectory with a ``DataProto``
+holding every sequence of that trajectory (one per LLM call, answer last), then copies the score
+to all of them. Built-in managers score only the last sequence; this one rebuilds the trajectory
+from the per-turn facts the agent loop stored in ``extra_fields`` and sums the configured
+components (:mod:`infmem_verl.reward.components`).
+
+``reward.custom_reward_function`` keeps verl's meaning: when set, it scores the outcome (it gets
+verl's usual ``data_source, solution_str, ground_truth, extra_info``; ``extra_info["turns"]`` adds
+the turn facts) in place of the ``outcome`` component.
+
+Every trajectory returns the same ``reward_extra_info`` keys (verl stacks them across
+trajectories): ``acc`` (the outcome, so validation reports accuracy), one key per component, the
+answer metrics, and reading statistics.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import numpy as np
+from verl import DataProto
+from verl.experimental.reward_loop.reward_manager import register
+from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
+
+from infmem_verl.reward.components import Component, TrajectoryRecord, load_components
+from infmem_verl.reward.metrics import score_answer
+from infmem_verl.rollout.facts import TurnFacts
+
+OUTCOME = "outcome"
+
+
+@register("infmem")
+class InfMemRewardManager(RewardManagerBase):
+    """Weighted sum of trajectory-level reward components (see module docstring)."""
+
+    def __init__(self, config, tokenizer, compute_score, reward_router_address=None, reward_model_tokenizer=None):
+        super().__init__(config, tokenizer, compute_score)
+        self.components: list[Component] = load_components(config.infmem.reward.components)
+        # verl passes its default scorer when no custom function is set; only a configured path
+        # means the user wants their own outcome.
+        has_custom = bool(config.reward.custom_reward_function.get("path"))
+        self.custom_outcome = compute_score if has_custom else None
+
+    async def run_single(self, data: DataProto) -> dict:
+        record = trajectory_record(data, self.tokenizer)
+        scores: dict[str, float] = {}
+        for component in self.components:
+            if component.name == OUTCOME and self.custom_outcome is not None:
+                scores[OUTCOME] = await self._custom_outcome(record)
+            else:
+                scores[component.name] = component.score(record)
+        reward = sum(c.weight * scores[c.name] for c in self.components)
+        return {"reward_score": float(reward), "reward_extra_info": extra_info(record, scores, len(data))}
+
+    async def _custom_outcome(self, record: TrajectoryRecord) -> float:
+        kwargs = dict(
+            data_source=record.data_source,
+            solution_str=record.solution_str,
+            ground_truth=record.golds,
+            extra_info={**record.extra_info, "turns": [t.to_dict() for t in record.turns]},
+        )
+        if inspect.iscoroutinefunction(self.custom_outcome):  # also true for verl's partial wrapper
+            result = await self.custom_outcome(**kwargs)
+        else:
+            result = await self.loop.run_in_executor(None, lambda: self.custom_outcome(**kwargs))
+        return float(result["score"] if isinstance(result, dict) else result)
+
+
+def trajectory_record(data: DataProto, tokenizer) -> TrajectoryRecord:
+    """The trajectory held by ``data`` (one row per LLM call, answer last, as verl builds it)."""
+    if len(data) == 0:
+        raise ValueError("data: empty trajectory")
+    non_tensor = data.non_tensor_batch
+    for key in ("tool_extra_fields", "reward_model", "response_len"):
+        if key not in non_tensor:
+            raise ValueError(
+                f"data.non_tensor_batch lacks {key!r} (has {sorted(non_tensor)}); the infmem reward manager "
+                "scores whole trajectories from the agent-loop worker (rule-based reward, not a colocated reward model)"
+            )
+    turns = [TurnFacts.from_dict(facts, f"row {i}") for i, facts in enumerate(non_tensor["tool_extra_fields"])]
+    last = len(data) - 1
+    response = data.batch["responses"][last][: int(non_tensor["response_len"][last])]
+    extra = non_tensor["extra_info"][last] if "extra_info" in non_tensor else None
+    return TrajectoryRecord(
+        turns=turns,
+        golds=gold_answers(non_tensor["reward_model"][last]),
+        solution_str=tokenizer.decode(response.tolist(), skip_special_tokens=True),
+        data_source=str(non_tensor["data_source"][last]) if "data_source" in non_tensor else "unknown",
+        extra_info=dict(extra or {}),
+    )
+
+
+def gold_answers(reward_model: Any) -> list[str]:
+    """``reward_model["ground_truth"]`` as a list of strings (a single string is one answer)."""
+    truth = reward_model.get("ground_truth") if isinstance(reward_model, dict) else None
+    if isinstance(truth, str):
+        truth = [truth]
+    elif isinstance(truth, np.ndarray):
+        truth = truth.tolist()
+    if not isinstance(truth, list | tuple) or not truth or not all(isinstance(g, str) for g in truth):
+        raise ValueError(f"reward_model.ground_truth: expected a string or a non-empty list of strings, got {truth!r}")
+    return list(truth)
+
+
+def extra_info(record: TrajectoryRecord, scores: dict[str, float], num_sequences: int) -> dict[str, float]:
+    """The logged facts of one trajectory; the same keys for every trajectory of a run."""
+    answer = score_answer(record.prediction, record.golds)
+    stopped = record.stop_step is not None
+    return {
+        "acc": scores.get(OUTCOME, answer["em"]),
+        **scores,
+        **answer,
+        "has_answer": float(record.prediction is not None),
+        "chunks_read": float(record.chunks_read),
+        "num_chunks": float(record.num_chunks),
+        "read_fraction": record.chunks_read / max(record.num_chunks, 1),
+        "stopped_early": float(stopped and record.stop_step < record.num_chunks),
+        "llm_sequences": float(num_sequences),
+        "invalid_turns": float(sum(not t.valid for t in record.turns)),
+    }

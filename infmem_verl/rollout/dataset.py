@@ -1,0 +1,95 @@
+"""Training parquet files for verl from QA samples, with documents passed by reference.
+
+One row per sample in the columns verl and our agent loops read:
+
+* ``prompt``: chat messages holding the question only (verl's prompt-length filter applies to it),
+* ``reward_model``: ``{"ground_truth": [answers...]}``,
+* ``document_ref``: ``"<store>#<doc id>"`` into a document store written alongside,
+* ``data_source``, ``extra_info`` (``index`` and the sample id), and optionally ``agent_name``.
+
+    python -m infmem_verl.rollout.dataset --synthetic 8 --tokens 8000 --out data/smoke_train.parquet
+    python -m infmem_verl.rollout.dataset --records my_set.jsonl --out data/my_train.parquet
+
+Store references are absolute paths (Ray workers need not share the launcher's working
+directory); move data with ``infmem.documents.root`` and relative references instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from infmem_verl.data.sample import QASample
+from infmem_verl.rollout.documents import pack_documents
+
+
+def verl_rows(samples: Sequence[QASample], store: str | Path, agent_loop: str | None = None) -> list[dict[str, Any]]:
+    """The verl rows of ``samples``; their documents are written to the store at ``store``."""
+    if not samples:
+        raise ValueError("samples: expected at least one sample")
+    refs = pack_documents([s.context for s in samples], store)
+    rows = []
+    for index, (sample, ref) in enumerate(zip(samples, refs, strict=False)):
+        row = {
+            "prompt": [{"role": "user", "content": sample.question}],
+            "reward_model": {"style": "rule", "ground_truth": list(sample.answers)},
+            "document_ref": ref,
+            "data_source": sample.source or "infmem",
+            "extra_info": {"index": index, "id": sample.id},
+        }
+        if agent_loop is not None:
+            row["agent_name"] = agent_loop
+        rows.append(row)
+    return rows
+
+
+def write_verl_dataset(
+    samples: Sequence[QASample], out: str | Path, store: str | Path | None = None, agent_loop: str | None = None
+) -> tuple[Path, Path]:
+    """Write ``out`` (parquet) and its document store (default ``<out>_docs.parquet``); returns both paths."""
+    out = Path(out).resolve()
+    store = Path(store).resolve() if store is not None else out.with_name(f"{out.stem}_docs.parquet")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(verl_rows(samples, store, agent_loop)), out)
+    return out, store
+
+
+def _read_records(path: Path) -> list[QASample]:
+    samples = []
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if line.strip():
+                samples.append(QASample.from_record(json.loads(line), where=f"{path}:{number}"))
+    return samples
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--records", type=Path, help="JSON lines of QASample records (id, question, answers, context)")
+    source.add_argument("--synthetic", type=int, metavar="N", help="N synthetic two-hop samples over Wikipedia text")
+    parser.add_argument("--tokens", type=int, default=8000, help="document length of synthetic samples")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, required=True, help="output parquet")
+    parser.add_argument("--store", type=Path, default=None, help="document store (default: <out>_docs.parquet)")
+    parser.add_argument("--agent-loop", default=None, help="agent_name column (default: the config's loop)")
+    args = parser.parse_args(argv)
+    if args.records is not None:
+        samples = _read_records(args.records)
+    else:
+        from infmem_verl.assets import load_tokenizer
+        from infmem_verl.data.synthetic import make_dataset
+
+        samples = make_dataset(args.synthetic, args.tokens, load_tokenizer(), seed=args.seed)
+    out, store = write_verl_dataset(samples, args.out, args.store, args.agent_loop)
+    print(f"wrote {len(samples)} rows to {out} (documents in {store})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""Our part of the trainer config (the ``infmem`` key), read into validated records.
+
+One place turns ``infmem.*`` into records, used by the entry point (before any worker starts),
+the agent loops, and the trainer, so all of them agree on defaults and derived values. Errors are
+:class:`ConfigError` naming the full config path. No verl import.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from infmem_verl.agent.config import AgentConfig, ConfigError, agent_config
+
+AGENT_KEY = "infmem.agent"
+# Headroom of a Write prompt beyond chunk, memory, evidence and question: the chat template,
+# the instructions and the section labels.
+WRITE_TEMPLATE_TOKENS = 512
+LOSS_NORMALIZATIONS = ("token_mean", "trajectory")
+
+
+def _container(node: Any, path: str) -> dict[str, Any]:
+    if isinstance(node, DictConfig):
+        return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
+    if isinstance(node, Mapping):
+        return dict(node)
+    raise ConfigError(f"{path}: expected a mapping, got {node!r}")
+
+
+def _select(config: Any, path: str) -> Any:
+    value = OmegaConf.select(config, path, default=None) if isinstance(config, DictConfig) else None
+    if value is None:
+        raise ConfigError(f"{path}: missing; compose the config through infmem_verl.main (conf/infmem_trainer.yaml)")
+    return value
+
+
+def agent_settings(config: Any) -> AgentConfig:
+    """The validated :class:`AgentConfig` of ``config.infmem.agent``.
+
+    ``write.prompt_tokens: null`` is derived: chunk + memory + evidence + the question budget
+    (``data.max_prompt_length``) + template headroom.
+    """
+    mapping = _container(_select(config, AGENT_KEY), AGENT_KEY)
+    write = dict(mapping.get("write") or {})
+    if write.get("prompt_tokens") is None:
+        defaults = AgentConfig()
+        question = OmegaConf.select(config, "data.max_prompt_length", default=1024)
+        chunk = mapping.get("document", {}).get("chunk_tokens", defaults.document.chunk_tokens)
+        memory = mapping.get("memory_tokens", defaults.memory_tokens)
+        evidence = mapping.get("retrieval", {}).get("evidence_tokens", defaults.retrieval.evidence_tokens)
+        write["prompt_tokens"] = int(chunk + memory + evidence + question + WRITE_TEMPLATE_TOKENS)
+        mapping["write"] = write
+    try:
+        return agent_config(mapping)
+    except ConfigError as exc:
+        raise ConfigError(f"{AGENT_KEY}.{exc}") from exc
+
+
+def rollout_lengths(cfg: AgentConfig) -> tuple[int, int]:
+    """``(prompt_length, response_length)`` verl's rollout needs for the agent's largest call."""
+    return cfg.max_prompt_tokens(), cfg.max_response_tokens()
+
+
+def apply_rollout_lengths(config: DictConfig, cfg: AgentConfig) -> tuple[int, int]:
+    """Fill null ``actor_rollout_ref.rollout.{prompt,response}_length`` from the agent budgets.
+
+    An explicit value must be at least the derived one; otherwise a call could be cut by verl's
+    padding, so it is a :class:`ConfigError` naming both numbers.
+    """
+    rollout = config.actor_rollout_ref.rollout
+    needed = dict(zip(("prompt_length", "response_length"), rollout_lengths(cfg), strict=False))
+    source = {"prompt_length": "the largest prompt budget", "response_length": "the largest response budget"}
+    for key, value in needed.items():
+        current = rollout.get(key)
+        if current is None:
+            rollout[key] = value
+        elif not isinstance(current, int) or current < value:
+            raise ConfigError(
+                f"actor_rollout_ref.rollout.{key}: expected an integer >= {value} ({source[key]} of "
+                f"{AGENT_KEY}), got {current!r}; set it to null to derive it"
+            )
+    return int(rollout.prompt_length), int(rollout.response_length)
+
+
+@dataclass(frozen=True)
+class DocumentSettings:
+    """Where the agent loop finds documents: dataset column of the reference, store root, cache."""
+
+    ref_key: str = "document_ref"
+    root: str | None = None
+    cache_size: int = 8
+
+
+def document_settings(config: Any) -> DocumentSettings:
+    path = "infmem.documents"
+    data = _container(_select(config, path), path)
+    unknown = sorted(set(data) - {"ref_key", "root", "cache_size"})
+    if unknown:
+        raise ConfigError(f"{path}.{unknown[0]}: unknown key; expected ref_key, root, cache_size")
+    settings = DocumentSettings(**data)
+    if not isinstance(settings.ref_key, str) or not settings.ref_key:
+        raise ConfigError(f"{path}.ref_key: expected a column name, got {settings.ref_key!r}")
+    if not isinstance(settings.cache_size, int) or settings.cache_size < 1:
+        raise ConfigError(f"{path}.cache_size: expected an integer >= 1, got {settings.cache_size!r}")
+    return settings
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """How an RL step turns its rows (one per LLM call) into optimizer updates."""
+
+    optimizer_steps_per_rl_step: int = 16
+    loss_normalization: str = "token_mean"
+    turn_protocol_penalty: float = 0.0
+
+
+def train_settings(config: Any) -> TrainSettings:
+    path = "infmem.train"
+    data = _container(_select(config, path), path)
+    unknown = sorted(set(data) - {"optimizer_steps_per_rl_step", "loss_normalization", "turn_protocol_penalty"})
+    if unknown:
+        raise ConfigError(f"{path}.{unknown[0]}: unknown key")
+    settings = TrainSettings(**data)
+    steps = settings.optimizer_steps_per_rl_step
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ConfigError(f"{path}.optimizer_steps_per_rl_step: expected an integer >= 1, got {steps!r}")
+    normalization = settings.loss_normalization
+    if normalization not in LOSS_NORMALIZATIONS:
+        expected = list(LOSS_NORMALIZATIONS)
+        raise ConfigError(f"{path}.loss_normalization: expected one of {expected}, got {normalization!r}")
+    penalty = settings.turn_protocol_penalty
+    if isinstance(penalty, bool) or not isinstance(penalty, numbers.Real) or penalty < 0:
+        raise ConfigError(f"{path}.turn_protocol_penalty: expected a number >= 0, got {penalty!r}")
+    return settings
