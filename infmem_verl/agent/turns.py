@@ -91,9 +91,11 @@ class TurnRunner:
         flags = list(prompt.flags)
         if len(injected):
             flags.append(FLAG_THINK_CLOSED_BY_LOOP)
-        extra: dict = {}
-        for stage in stages:
-            extra.update(stage.extra)
+        # Backend facts of a two-stage turn: later calls win, except ``min_*`` values (e.g. verl's
+        # min_global_steps, the weights version a turn started on), which the first call sets.
+        extra: dict = dict(first.extra)
+        for stage in stages[1:]:
+            extra.update({k: v for k, v in stage.extra.items() if not k.startswith("min_") or k not in extra})
         keep = self.cfg.record_token_ids
         turn = Turn(
             kind=kind,
