@@ -28,6 +28,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(VPY) -m bench.agent_core
+	$(VPY) -m bench.retrieval
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
