@@ -74,7 +74,9 @@ class BuildSpec:
     shared_pool: bool = False  # True: an evaluation split knowingly keeps the reference's pool
     index_context: Literal["auto", "always", "never"] = "auto"
     agent_name: str = "infmem_agent"
-    inline_context: bool = True
+    # Off by default: verl copies every column into every stored sequence, and our trainer
+    # rejects an inline document; turn on for tools that read the text from the row itself.
+    inline_context: bool = False
     tokenizer: str | None = None  # tokenizer folder; None: Qwen3's
     closed_book: ClosedBookFilter | None = None
     overwrite: bool = False
@@ -376,7 +378,9 @@ def parse_args(argv: Sequence[str] | None = None) -> BuildSpec:
     parser.add_argument("--no-exclude-pool", action="store_true", help="evaluation split: share the reference's pool")
     parser.add_argument("--index-context", choices=("auto", "always", "never"), default="auto")
     parser.add_argument("--agent", choices=AGENT_LOOPS, default="infmem_agent", help="agent_name column")
-    parser.add_argument("--no-inline-context", action="store_true", help="parquet: documents only in the store")
+    parser.add_argument(
+        "--inline-context", action="store_true", help="parquet: also a context column (not for our trainer)"
+    )
     parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default: Qwen3's)")
     parser.add_argument("--overwrite", action="store_true", help="rebuild outputs finished with other parameters")
     parser.add_argument("--filter-policy", default=None, help="closed-book filter model, 'module:callable'")
@@ -409,7 +413,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BuildSpec:
         shared_pool=args.no_exclude_pool,
         index_context=args.index_context,
         agent_name=args.agent,
-        inline_context=not args.no_inline_context,
+        inline_context=args.inline_context,
         tokenizer=args.tokenizer,
         closed_book=closed_book,
         overwrite=args.overwrite,

@@ -4,14 +4,15 @@ Columns (what verl's ``RLHFDataset`` and our agent loops and reward manager read
 
 * ``data_source``: the source name (``hotpotqa``, ...);
 * ``prompt``: ``[{"role": "user", "content": question}]``, the question only;
-* ``context``: the document text (omit with ``inline_context=False``; see below);
+* ``context``: the document text, only with ``inline_context=True`` (see below);
 * ``document_ref``: ``"<store path>#<sample id>"``, the reference our agent loop resolves
   (:mod:`infmem_verl.rollout.documents`);
 * ``reward_model``: ``{"style": "rule", "ground_truth": [every gold answer]}``;
 * ``extra_info``: ``index``, ``id``, ``source``, ``split``, ``question``, ``num_tokens``,
   ``num_docs``, ``gold_positions`` (1-based document numbers), ``gold_token_starts``, ``seed``,
   ``target``;
-* ``agent_name``: the agent loop (``infmem_agent`` or ``memagent_agent``).
+* ``agent_name``: the agent loop (``infmem_agent`` or ``memagent_agent``); without the column
+  the trainer's configured agent runs (``agent=memagent`` switches a whole run).
 
 The store (``<name>_docs.parquet``, columns ``doc_id`` and ``text`` in row groups of
 :data:`~infmem_verl.rollout.documents.ROW_GROUP_SIZE`) holds each document once, keyed by the
@@ -58,16 +59,17 @@ _EXTRA_INFO = pa.struct(
 STORE_SCHEMA = pa.schema([("doc_id", pa.string()), ("text", pa.string())])
 
 
-def training_schema(inline_context: bool) -> pa.Schema:
-    """The training file's schema, with or without the inline ``context`` column."""
+def training_schema(inline_context: bool, with_agent_name: bool = True) -> pa.Schema:
+    """The training file's schema, with or without the inline ``context`` and ``agent_name`` columns."""
     fields = [
         ("data_source", pa.string()),
         ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
         ("document_ref", pa.string()),
         ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.list_(pa.string()))])),
         ("extra_info", _EXTRA_INFO),
-        ("agent_name", pa.string()),
     ]
+    if with_agent_name:
+        fields.append(("agent_name", pa.string()))
     if inline_context:
         fields.insert(2, ("context", pa.large_string()))
     return pa.schema(fields)
@@ -79,9 +81,11 @@ def store_path(out: str | os.PathLike) -> Path:
     return out.with_name(f"{out.stem}_docs.parquet")
 
 
-def training_row(sample: QASample, store: str | os.PathLike, agent_name: str, inline_context: bool) -> dict[str, Any]:
+def training_row(
+    sample: QASample, store: str | os.PathLike, agent_name: str | None, inline_context: bool
+) -> dict[str, Any]:
     """The row of a composed sample (``meta`` as :mod:`data_prep.build` fills it)."""
-    if agent_name not in AGENT_LOOPS:
+    if agent_name is not None and agent_name not in AGENT_LOOPS:
         raise ValueError(f"agent_name: expected one of {', '.join(AGENT_LOOPS)}, got {agent_name!r}")
     if "#" in sample.id:
         raise ValueError(f"sample id {sample.id!r}: '#' separates the store from the id in a document reference")
@@ -93,8 +97,9 @@ def training_row(sample: QASample, store: str | os.PathLike, agent_name: str, in
         "reward_model": {"style": "rule", "ground_truth": list(sample.answers)},
         "extra_info": {"id": sample.id, "source": sample.source, "question": sample.question}
         | {key: meta[key] for key in _EXTRA_INFO.names if key in meta},
-        "agent_name": agent_name,
     }
+    if agent_name is not None:
+        row["agent_name"] = agent_name
     if inline_context:
         row["context"] = sample.context
     return row
@@ -112,14 +117,14 @@ class TrainingWriter:
         out: str | os.PathLike,
         store: str | os.PathLike,
         final_store: str | os.PathLike,
-        agent_name: str,
-        inline_context: bool = True,
+        agent_name: str | None,
+        inline_context: bool = False,
     ) -> None:
         self.final_store = Path(final_store).resolve()
         self.agent_name = agent_name
         self.inline_context = inline_context
         row_group = _INLINE_ROW_GROUP if inline_context else _TRAIN_ROW_GROUP
-        self._rows = ParquetRowWriter(out, training_schema(inline_context), row_group)
+        self._rows = ParquetRowWriter(out, training_schema(inline_context, agent_name is not None), row_group)
         self._docs = ParquetRowWriter(store, STORE_SCHEMA, ROW_GROUP_SIZE)
 
     def write(self, sample: QASample) -> None:

@@ -112,7 +112,10 @@ def check_datasets(config: DictConfig) -> tuple[list[str], list[str]]:
             if absent:
                 hint = ""
                 if "context" in columns:
-                    hint = "; documents must be passed by reference (see infmem_verl.rollout.documents.pack_documents)"
+                    hint = (
+                        "; documents must be passed by reference: build the file with `python -m data_prep.build` "
+                        "or `python -m infmem_verl.rollout.dataset`"
+                    )
                 raise ConfigError(f"{key}: {path} lacks column(s) {absent}; it has {columns}{hint}")
             checked.append(path)
     return checked, missing

@@ -512,7 +512,10 @@ def test_reads_the_reference_files_both_variants(files, tmp_path):
 
 def test_training_parquet_columns_store_and_round_trip(files, tmp_path, tokenizer):
     out = tmp_path / "train"
-    (result,) = build(spec(files, out, source="musique", split="train", limit=3, agent_name="memagent_agent"), tokenizer)
+    (result,) = build(
+        spec(files, out, source="musique", split="train", limit=3, agent_name="memagent_agent", inline_context=True),
+        tokenizer,
+    )
     assert result.path.name == "musique_train_8k.parquet"
     table = pq.read_table(result.path)
     assert table.column_names == ["data_source", "prompt", "context", "document_ref", "reward_model", "extra_info", "agent_name"]
@@ -530,7 +533,7 @@ def test_training_parquet_columns_store_and_round_trip(files, tmp_path, tokenize
         assert tokenize_document(row["context"], tokenizer).size == info["num_tokens"]
     samples = list(read_training_set(result.path))
     assert [s.id for s in samples] == [q.id for q in data.questions[:3]]
-    (lean,) = build(spec(files, tmp_path / "lean", source="musique", split="train", limit=3, inline_context=False), tokenizer)
+    (lean,) = build(spec(files, tmp_path / "lean", source="musique", split="train", limit=3), tokenizer)
     assert "context" not in pq.read_schema(lean.path).names
     assert [s.context for s in read_training_set(lean.path)] == [s.context for s in samples]
 

@@ -152,7 +152,7 @@ def test_verl_dataset_reads_the_training_parquet(tokenizer, dev_file, tmp_path, 
 
     from infmem_verl.main import check_datasets
 
-    spec = BuildSpec("hotpotqa", dev_file, "train", (Target("tokens", 4096),), tmp_path, limit=3, inline_context=False)
+    spec = BuildSpec("hotpotqa", dev_file, "train", (Target("tokens", 4096),), tmp_path, limit=3)
     (result,) = build(spec, tokenizer)
     with initialize_config_module("infmem_verl.conf", version_base=None):
         config = compose("infmem_trainer", overrides=[f"data.train_files={result.path}", f"data.val_files={result.path}"])

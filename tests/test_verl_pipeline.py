@@ -25,7 +25,7 @@ from hydra import compose, initialize_config_module
 
 from infmem_verl.data.synthetic import make_dataset
 from infmem_verl.main import prepare_config
-from infmem_verl.rollout.dataset import verl_rows
+from infmem_verl.rollout.dataset import write_verl_dataset
 from infmem_verl.rollout.facts import TurnFacts
 from infmem_verl.rollout.settings import TrainSettings
 
@@ -83,12 +83,12 @@ def _dataset(root: Path, tokenizer) -> tuple[Path, list[str]]:
     """Two synthetic two-hop samples over real Wikipedia text (~700 tokens, 3 chunks), one per
     agent, written with the project's verl row format (documents by reference)."""
     samples = make_dataset(2, 700, tokenizer, seed=0)
-    rows = []
+    tables = []
     for i, (sample, agent) in enumerate(zip(samples, ("infmem_agent", "memagent_agent"), strict=False)):
-        (row,) = verl_rows([sample], root / f"docs_{i}.parquet", agent_loop=agent)
-        rows.append(row | {"extra_info": {"index": i, "id": sample.id}})
+        part, _ = write_verl_dataset([sample], root / f"part_{i}.parquet", agent_loop=agent)
+        tables.append(pq.read_table(part))
     path = root / "train.parquet"
-    pq.write_table(pa.Table.from_pylist(rows), path)
+    pq.write_table(pa.concat_tables(tables), path)
     return path, [s.context for s in samples]
 
 

@@ -5,7 +5,10 @@ One row per sample in the columns verl and our agent loops read:
 * ``prompt``: chat messages holding the question only (verl's prompt-length filter applies to it),
 * ``reward_model``: ``{"ground_truth": [answers...]}``,
 * ``document_ref``: ``"<store>#<doc id>"`` into a document store written alongside,
-* ``data_source``, ``extra_info`` (``index`` and the sample id), and optionally ``agent_name``.
+* ``data_source``, ``extra_info`` (``index``, the sample id, ...), and optionally ``agent_name``.
+
+The rows are written by :class:`data_prep.training.TrainingWriter`, the one writer of training
+files; this module adds a command line for synthetic samples and JSON-lines records.
 
     python -m infmem_verl.rollout.dataset --synthetic 8 --tokens 8000 --out data/smoke_train.parquet
     python -m infmem_verl.rollout.dataset --records my_set.jsonl --out data/my_train.parquet
@@ -19,44 +22,30 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
+from data_prep.training import TrainingWriter, store_path
 from infmem_verl.data.sample import QASample
-from infmem_verl.rollout.documents import pack_documents
-
-
-def verl_rows(samples: Sequence[QASample], store: str | Path, agent_loop: str | None = None) -> list[dict[str, Any]]:
-    """The verl rows of ``samples``; their documents are written to the store at ``store``."""
-    if not samples:
-        raise ValueError("samples: expected at least one sample")
-    refs = pack_documents([s.context for s in samples], store)
-    rows = []
-    for index, (sample, ref) in enumerate(zip(samples, refs, strict=False)):
-        row = {
-            "prompt": [{"role": "user", "content": sample.question}],
-            "reward_model": {"style": "rule", "ground_truth": list(sample.answers)},
-            "document_ref": ref,
-            "data_source": sample.source or "infmem",
-            "extra_info": {"index": index, "id": sample.id},
-        }
-        if agent_loop is not None:
-            row["agent_name"] = agent_loop
-        rows.append(row)
-    return rows
 
 
 def write_verl_dataset(
     samples: Sequence[QASample], out: str | Path, store: str | Path | None = None, agent_loop: str | None = None
 ) -> tuple[Path, Path]:
-    """Write ``out`` (parquet) and its document store (default ``<out>_docs.parquet``); returns both paths."""
+    """Write ``out`` (parquet) and its document store (default ``<out>_docs.parquet``); returns both paths.
+
+    The rows are :mod:`data_prep.training`'s (one writer for every training file); without
+    ``agent_loop`` the file has no ``agent_name`` column and the configured agent runs.
+    """
+    if not samples:
+        raise ValueError("samples: expected at least one sample")
     out = Path(out).resolve()
-    store = Path(store).resolve() if store is not None else out.with_name(f"{out.stem}_docs.parquet")
+    store = Path(store).resolve() if store is not None else store_path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(verl_rows(samples, store, agent_loop)), out)
+    writer = TrainingWriter(out, store, store, agent_loop)
+    for index, sample in enumerate(samples):
+        writer.write(replace(sample, meta={"index": index, **sample.meta}))
+    writer.close()
     return out, store
 
 
