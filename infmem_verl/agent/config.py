@@ -235,6 +235,9 @@ def _coerce(value: Any, hint: Any, path: str) -> Any:
     if hint is bool:
         _check(isinstance(value, bool), path, "true or false", value)
         return value
+    if hint is str:
+        _check(isinstance(value, str), path, "a string", value)
+        return value
     if hint is int:
         _check(isinstance(value, int) and not isinstance(value, bool), path, "an integer", value)
         return value

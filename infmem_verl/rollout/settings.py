@@ -7,20 +7,18 @@ the agent loops, and the trainer, so all of them agree on defaults and derived v
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from omegaconf import DictConfig, OmegaConf
 
-from infmem_verl.agent.config import AgentConfig, ConfigError, agent_config
+from infmem_verl.agent.config import AgentConfig, ConfigError, agent_config, from_mapping
 
 AGENT_KEY = "infmem.agent"
 # Headroom of a Write prompt beyond chunk, memory, evidence and question: the chat template,
 # the instructions and the section labels.
 WRITE_TEMPLATE_TOKENS = 512
-LOSS_NORMALIZATIONS = ("token_mean", "trajectory")
 
 
 def _container(node: Any, path: str) -> dict[str, Any]:
@@ -94,19 +92,17 @@ class DocumentSettings:
     root: str | None = None
     cache_size: int = 8
 
+    def validate(self, path: str) -> "DocumentSettings":
+        if not self.ref_key:
+            raise ConfigError(f"{path}.ref_key: expected a column name, got {self.ref_key!r}")
+        if self.cache_size < 1:
+            raise ConfigError(f"{path}.cache_size: expected an integer >= 1, got {self.cache_size!r}")
+        return self
+
 
 def document_settings(config: Any) -> DocumentSettings:
     path = "infmem.documents"
-    data = _container(_select(config, path), path)
-    unknown = sorted(set(data) - {"ref_key", "root", "cache_size"})
-    if unknown:
-        raise ConfigError(f"{path}.{unknown[0]}: unknown key; expected ref_key, root, cache_size")
-    settings = DocumentSettings(**data)
-    if not isinstance(settings.ref_key, str) or not settings.ref_key:
-        raise ConfigError(f"{path}.ref_key: expected a column name, got {settings.ref_key!r}")
-    if not isinstance(settings.cache_size, int) or settings.cache_size < 1:
-        raise ConfigError(f"{path}.cache_size: expected an integer >= 1, got {settings.cache_size!r}")
-    return settings
+    return from_mapping(DocumentSettings, _container(_select(config, path), path), path).validate(path)
 
 
 @dataclass(frozen=True)
@@ -114,25 +110,19 @@ class TrainSettings:
     """How an RL step turns its rows (one per LLM call) into optimizer updates."""
 
     optimizer_steps_per_rl_step: int = 16
-    loss_normalization: str = "token_mean"
+    loss_normalization: Literal["token_mean", "trajectory"] = "token_mean"
     turn_protocol_penalty: float = 0.0
+
+    def validate(self, path: str) -> "TrainSettings":
+        if self.optimizer_steps_per_rl_step < 1:
+            raise ConfigError(
+                f"{path}.optimizer_steps_per_rl_step: expected an integer >= 1, got {self.optimizer_steps_per_rl_step!r}"
+            )
+        if self.turn_protocol_penalty < 0:
+            raise ConfigError(f"{path}.turn_protocol_penalty: expected a number >= 0, got {self.turn_protocol_penalty!r}")
+        return self
 
 
 def train_settings(config: Any) -> TrainSettings:
     path = "infmem.train"
-    data = _container(_select(config, path), path)
-    unknown = sorted(set(data) - {"optimizer_steps_per_rl_step", "loss_normalization", "turn_protocol_penalty"})
-    if unknown:
-        raise ConfigError(f"{path}.{unknown[0]}: unknown key")
-    settings = TrainSettings(**data)
-    steps = settings.optimizer_steps_per_rl_step
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ConfigError(f"{path}.optimizer_steps_per_rl_step: expected an integer >= 1, got {steps!r}")
-    normalization = settings.loss_normalization
-    if normalization not in LOSS_NORMALIZATIONS:
-        expected = list(LOSS_NORMALIZATIONS)
-        raise ConfigError(f"{path}.loss_normalization: expected one of {expected}, got {normalization!r}")
-    penalty = settings.turn_protocol_penalty
-    if isinstance(penalty, bool) or not isinstance(penalty, numbers.Real) or penalty < 0:
-        raise ConfigError(f"{path}.turn_protocol_penalty: expected a number >= 0, got {penalty!r}")
-    return settings
+    return from_mapping(TrainSettings, _container(_select(config, path), path), path).validate(path)
