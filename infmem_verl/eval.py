@@ -1,0 +1,242 @@
+"""Evaluate InfMem, MemAgent and two plain baselines over long-document QA files.
+
+    python -m infmem_verl.eval                       # embedded default: tiny model, synthetic set
+    python -m infmem_verl.eval --endpoint http://127.0.0.1:8000 --preset reference \\
+        --data-dir data/ --datasets hotpotqa,squad --lengths 64k,128k,1m --out runs/ref
+    python -m infmem_verl.eval --endpoint http://h1:8000 --endpoint http://h2:8000 \\
+        --data hotpotqa:128k=data/eval_800.json --methods infmem,memagent
+
+Without ``--endpoint`` the in-process transformers policy runs the model at ``--model-dir`` (the
+tiny random Qwen3 by default), and without data the synthetic two-hop set is used, so the
+command runs anywhere. Results go to ``--out`` as resumable per-sample JSONL (run the same
+command again to resume: finished samples are never redone, samples that failed because of the
+server are retried), then ``report.md`` and PNG plots are written there and the table printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from infmem_verl.agent.config import ConfigError
+
+from .evaluation.aggregate import aggregate
+from .evaluation.config import PRESETS, DataSpec, EvalConfig
+from .evaluation.data import CellSource, file_source, find_file, missing_source, synthetic_sources
+from .evaluation.methods import METHODS, build_methods
+from .evaluation.published import BACKBONES
+from .evaluation.report import markdown_table, write_report
+from .evaluation.runner import Runner
+from .evaluation.store import ResultStore
+
+# Synthetic lengths and samples per length when no data is given, by preset.
+SYNTHETIC_DEFAULTS = {"embedded": (["2k", "4k"], 2), "default": (["32k", "128k"], 16), "reference": (["32k", "128k"], 16)}
+# Context window of the full-context baseline when neither the flag nor the server gives one.
+FALLBACK_WINDOW = 32768
+
+
+def parse_args(argv: Sequence[str] | None = None) -> EvalConfig:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="protocol (default: embedded without --endpoint, default with)")
+    parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from {','.join(METHODS)}")
+    parser.add_argument("--data", action="append", default=[], metavar="DATASET:LENGTH=PATH", help="an evaluation file (repeatable)")
+    parser.add_argument("--data-dir", type=Path, help="folder of evaluation files under the reference's names")
+    parser.add_argument("--datasets", default="", help="datasets to look up in --data-dir: hotpotqa,squad,musique,2wiki")
+    parser.add_argument("--lengths", default="", help="length labels, e.g. 32k,128k,1m (also the synthetic set's lengths)")
+    parser.add_argument("--pool", action="append", default=[], metavar="DATASET=PATH", help="official file whose paragraph pool expands index contexts")
+    parser.add_argument("--samples", type=int, help="samples per cell (default: all; synthetic: 2 embedded, 16 otherwise)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--endpoint", action="append", default=[], help="OpenAI-compatible server URL (repeatable)")
+    parser.add_argument("--model", help="served model name (default: the server's first)")
+    parser.add_argument("--model-dir", type=Path, help="in-process model folder (default: the tiny random Qwen3)")
+    parser.add_argument("--tokenizer", type=Path, help="tokenizer folder (default: Qwen3's, or --model-dir's)")
+    parser.add_argument("--concurrency", type=int, default=8, help="samples in flight")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per HTTP request")
+    parser.add_argument("--retries", type=int, default=3, help="retries of a failed request")
+    parser.add_argument("--backoff", type=float, default=0.5, help="first retry delay, seconds (doubles)")
+    parser.add_argument("--context-window", type=int, help="full-context baseline window (default: the server's max_model_len)")
+    parser.add_argument("--out", type=Path, help="output folder (default: runs/eval/<preset>)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="agent setting, e.g. document.chunk_tokens=2000")
+    parser.add_argument("--published-backbone", default="qwen3-4b", choices=BACKBONES)
+    parser.add_argument("--retry-failed", default="transient", choices=("transient", "all", "none"))
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    cfg = EvalConfig(
+        preset=args.preset,
+        methods=_split(args.methods),
+        data=[_data_spec(text) for text in args.data],
+        data_dir=args.data_dir,
+        datasets=_split(args.datasets),
+        lengths=_split(args.lengths),
+        pools=dict(_pair(text, "--pool") for text in args.pool),
+        samples=args.samples,
+        seed=args.seed,
+        endpoints=args.endpoint,
+        model=args.model,
+        model_dir=args.model_dir,
+        tokenizer=args.tokenizer,
+        concurrency=args.concurrency,
+        request_timeout_s=args.timeout,
+        max_retries=args.retries,
+        backoff_s=args.backoff,
+        context_window=args.context_window,
+        agent=_overrides(args.set),
+        published_backbone=args.published_backbone,
+        retry_failed=args.retry_failed,
+        progress=not args.no_progress,
+    )
+    preset = cfg.resolved_preset().name
+    cfg.out = args.out or Path("runs/eval") / preset
+    return cfg.validate()
+
+
+def _split(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _pair(text: str, option: str) -> tuple[str, Path]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise ConfigError(f"{option}: expected NAME=PATH, got {text!r}")
+    return name.strip(), Path(path)
+
+
+def _data_spec(text: str) -> DataSpec:
+    head, path = _pair(text, "--data")
+    dataset, sep, length = head.partition(":")
+    if not sep or not dataset or not length:
+        raise ConfigError(f"--data: expected DATASET:LENGTH=PATH, got {text!r}")
+    return DataSpec(dataset, length, path)
+
+
+def _overrides(items: Sequence[str]) -> dict[str, Any]:
+    """``a.b=1`` items as a nested mapping; values are JSON when they parse, strings otherwise."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set: expected KEY=VALUE, got {item!r}")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
+def _sources(cfg: EvalConfig, tokenizer) -> tuple[list[CellSource], int | None]:
+    """The cells' sources and the per-cell sample limit."""
+    pools: dict[str, Any] = {}
+
+    def pool_of(dataset: str):
+        def load():
+            if dataset not in cfg.pools:
+                return None
+            if dataset not in pools:
+                from data_prep.sources import load_source
+
+                pools[dataset] = load_source(dataset, cfg.pools[dataset]).pool
+            return pools[dataset]
+
+        return load
+
+    if cfg.data:
+        return [file_source(s.dataset, s.length, s.path, pool_of(s.dataset), cfg.samples) for s in cfg.data], cfg.samples
+    if cfg.data_dir is not None:
+        sources = []
+        for dataset in cfg.datasets:
+            for length in cfg.lengths:
+                try:
+                    sources.append(file_source(dataset, length, find_file(cfg.data_dir, dataset, length), pool_of(dataset), cfg.samples))
+                except ValueError as err:  # DataError: a length or dataset that is not there
+                    sources.append(missing_source(dataset, length, str(err)))
+        return sources, cfg.samples
+    lengths, samples = SYNTHETIC_DEFAULTS[cfg.resolved_preset().name]
+    samples = cfg.samples or samples
+    return synthetic_sources(cfg.lengths or lengths, samples, tokenizer, cfg.seed), samples
+
+
+async def _policy(cfg: EvalConfig):
+    """The policy, its tokenizer, the model's identity and context window."""
+    from infmem_verl.assets import load_tokenizer
+    from infmem_verl.policy.transformers import TransformersPolicy, end_token_ids
+
+    if not cfg.endpoints:
+        from infmem_verl.assets import tiny_qwen3_dir
+
+        model_dir = cfg.model_dir or tiny_qwen3_dir()
+        policy = TransformersPolicy.from_pretrained(model_dir, seed=cfg.seed, max_batch=cfg.concurrency)
+        tokenizer = load_tokenizer(str(cfg.tokenizer)) if cfg.tokenizer else policy.tokenizer
+        window = cfg.context_window or policy.model.config.max_position_embeddings
+        return policy, tokenizer, f"in-process:{Path(model_dir).name}", window
+    from infmem_verl.policy.openai import OpenAIPolicy, PolicyError
+
+    tokenizer = load_tokenizer(str(cfg.tokenizer) if cfg.tokenizer else None)
+    policy = OpenAIPolicy(
+        cfg.endpoints,
+        end_token_ids(tokenizer),
+        cfg.model,
+        timeout_s=cfg.request_timeout_s,
+        max_retries=cfg.max_retries,
+        backoff_s=cfg.backoff_s,
+        max_concurrency=cfg.concurrency,
+    )
+    try:
+        info = await policy.server_info()
+    except PolicyError as err:
+        await policy.close()
+        raise SystemExit(f"[eval] cannot reach the model server ({err}); nothing was run") from None
+    return policy, tokenizer, info.model, cfg.context_window or info.max_model_len or FALLBACK_WINDOW
+
+
+async def evaluate(cfg: EvalConfig) -> Path:
+    """Run (or resume) the evaluation ``cfg`` describes and write its report."""
+    preset = cfg.resolved_preset()
+    agent_cfg = cfg.agent_config()
+    policy, tokenizer, model, window = await _policy(cfg)
+    try:
+        protocol = {"preset": preset.name, "agent": dataclasses.asdict(agent_cfg), "model": model, "context_window": window}
+        store = ResultStore(cfg.out, protocol)
+        sources, limit = _sources(cfg, tokenizer)
+        methods = build_methods(cfg.methods, agent_cfg, tokenizer, window)
+        runner = Runner(policy, methods, store, cfg.concurrency, cfg.retry_failed, cfg.progress)
+        counts = await runner.run(sources, limit)
+    finally:
+        close = getattr(policy, "close", None)
+        if close is not None:
+            await close()
+    stats = aggregate(store.latest(), cfg.published_backbone)
+    where = ", ".join(cfg.endpoints) if cfg.endpoints else "in-process transformers"
+    header = (
+        f"Model `{model}` ({where}), concurrency {cfg.concurrency}, context window {window}. "
+        f"This run: {counts.ran} samples run ({counts.failed} failed), {counts.skipped} already done."
+    )
+    report = write_report(cfg.out, stats, preset, cfg.published_backbone, header)
+    print(header)
+    for dataset in dict.fromkeys(s.dataset for s in stats):
+        print(f"\n{dataset}")
+        print("\n".join(markdown_table([s for s in stats if s.dataset == dataset], preset, cfg.published_backbone)))
+    print(f"\n[eval] report: {report}")
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        asyncio.run(evaluate(parse_args(argv)))
+    except ConfigError as err:
+        print(f"[eval] {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

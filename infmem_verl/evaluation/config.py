@@ -1,0 +1,178 @@
+"""Evaluation settings: the run's :class:`EvalConfig` and the protocol presets.
+
+A preset fixes everything that changes what a score means (agent budgets, thinking, answer
+format, decoding, retrieval top-k, the headline metric); the rest of :class:`EvalConfig` says what
+to run and where. Three presets:
+
+- ``embedded``: the no-argument run: tiny budgets and short synthetic documents for the tiny
+  in-process model, so ``python -m infmem_verl.eval`` finishes in about a minute anywhere;
+- ``default``: our protocol (spec §8.3): the agent core's budgets, ``\\boxed{}`` answers, greedy
+  decoding; headline accuracy = gold-in-prediction sub-EM against **all** golds;
+- ``reference``: the papers' evaluation protocol for like-for-like comparison (spec §2.6, §6.3):
+  two-stage thinking of 1024 + 1024 tokens per call, "Therefore, the answer is" answers, greedy
+  decoding, top-4 retrieval over the whole document; headline accuracy = two-way sub-EM against
+  the **first** gold.
+
+Both accuracies are computed for every sample whatever the preset; the preset only picks the one
+the report leads with.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from infmem_verl.agent.config import AgentConfig, ConfigError, agent_config
+
+from .methods import METHODS
+
+Headline = Literal["ours", "reference"]
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    agent: Mapping[str, Any]  # agent_config overrides
+    headline: Headline
+    description: str
+
+
+_GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "record_token_ids": False}
+
+PRESETS: dict[str, Preset] = {
+    "embedded": Preset(
+        "embedded",
+        {
+            **_GREEDY,
+            "memory_tokens": 64,
+            "document": {"chunk_tokens": 1000, "unit_tokens": 200, "unit_overlap": 40},
+            "prethink": {"prompt_tokens": 2048, "thinking_tokens": 16, "output_tokens": 24},
+            "write": {"prompt_tokens": 3072, "thinking_tokens": 16, "output_tokens": 64},
+            "answer": {"prompt_tokens": 2048, "thinking_tokens": 16, "output_tokens": 16},
+        },
+        "ours",
+        "tiny budgets for the tiny in-process model (proves the pipeline, scores nothing)",
+    ),
+    "default": Preset(
+        "default",
+        dict(_GREEDY),
+        "ours",
+        "our protocol: agent-core budgets, \\boxed{} answers, greedy; accuracy = gold-in-prediction sub-EM over all golds",
+    ),
+    "reference": Preset(
+        "reference",
+        {
+            **_GREEDY,
+            "thinking": True,
+            "thinking_mode": "two_stage",
+            "answer_format": "answer_is",
+            "memory_tokens": 1024,
+            "document": {"chunk_tokens": 5000},
+            "retrieval": {"scope": "document", "top_k_min": 4, "top_k_max": 4, "top_k_default": 4},
+            "prethink": {"prompt_tokens": 4096, "thinking_tokens": 1024, "output_tokens": 1024},
+            "write": {"prompt_tokens": 9216, "thinking_tokens": 1024, "output_tokens": 1024},
+            "answer": {"prompt_tokens": 4096, "thinking_tokens": 1024, "output_tokens": 1024},
+        },
+        "reference",
+        "the papers' protocol: two-stage thinking 1024+1024, 'Therefore, the answer is', greedy, top-4 BM25; "
+        "accuracy = two-way sub-EM against the first gold",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """One evaluation file: the dataset it belongs to, its length label and its path."""
+
+    dataset: str
+    length: str
+    path: Path
+
+
+@dataclass
+class EvalConfig:
+    """What one ``python -m infmem_verl.eval`` run does (see ``--help`` for each field).
+
+    Data: explicit ``data`` files, or ``datasets`` x ``lengths`` looked up in ``data_dir`` under
+    the reference's file names, or (neither given) the synthetic set at ``lengths``.
+    Model: ``endpoints`` (OpenAI-compatible servers) or, without them, the in-process
+    transformers model at ``model_dir`` (the tiny random Qwen3 by default).
+    """
+
+    preset: str | None = None  # None: "embedded" without endpoints, "default" with them
+    methods: list[str] = field(default_factory=lambda: list(METHODS))
+    data: list[DataSpec] = field(default_factory=list)
+    data_dir: Path | None = None
+    datasets: list[str] = field(default_factory=list)
+    lengths: list[str] = field(default_factory=list)  # empty: the preset's synthetic lengths
+    pools: dict[str, Path] = field(default_factory=dict)  # dataset -> official file (index contexts)
+    samples: int | None = None  # per cell; None: all (synthetic: 2 per length)
+    seed: int = 0
+    endpoints: list[str] = field(default_factory=list)
+    model: str | None = None  # served model name; None: the server's first
+    model_dir: Path | None = None
+    tokenizer: Path | None = None
+    concurrency: int = 8
+    request_timeout_s: float = 600.0
+    max_retries: int = 3
+    backoff_s: float = 0.5
+    context_window: int | None = None  # None: the server's max_model_len / the model's positions
+    out: Path = Path("runs/eval")
+    agent: dict[str, Any] = field(default_factory=dict)  # overrides on top of the preset
+    published_backbone: str = "qwen3-4b"
+    retry_failed: Literal["transient", "all", "none"] = "transient"
+    progress: bool = True
+
+    def resolved_preset(self) -> Preset:
+        name = self.preset or ("default" if self.endpoints else "embedded")
+        if name not in PRESETS:
+            raise ConfigError(f"preset: expected one of {sorted(PRESETS)}, got {name!r}")
+        return PRESETS[name]
+
+    def agent_config(self) -> AgentConfig:
+        """The preset's agent settings with ``agent`` overrides merged in, validated."""
+        return agent_config(merge(self.resolved_preset().agent, self.agent))
+
+    def validate(self) -> EvalConfig:
+        self.resolved_preset()
+        if not self.methods:
+            raise ConfigError("methods: expected at least one method")
+        unknown = [m for m in self.methods if m not in METHODS]
+        if unknown:
+            raise ConfigError(f"methods: unknown method {unknown[0]!r}; expected some of {list(METHODS)}")
+        if self.data and (self.data_dir or self.datasets):
+            raise ConfigError("data: give explicit files or data_dir with datasets, not both")
+        if self.data_dir is not None and not self.datasets:
+            raise ConfigError("datasets: expected at least one dataset name to look up in data_dir")
+        if self.datasets and self.data_dir is None:
+            raise ConfigError("data_dir: expected the folder holding the evaluation files of datasets")
+        if self.data_dir is not None and not self.lengths:
+            raise ConfigError("lengths: expected at least one length to look up in data_dir")
+        for name, value, low in (("concurrency", self.concurrency, 1), ("max_retries", self.max_retries, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"{name}: expected an integer >= {low}, got {value!r}")
+        if self.samples is not None and (isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1):
+            raise ConfigError(f"samples: expected an integer >= 1, got {self.samples!r}")
+        if self.context_window is not None and self.context_window < 256:
+            raise ConfigError(f"context_window: expected an integer >= 256, got {self.context_window!r}")
+        if self.request_timeout_s <= 0:
+            raise ConfigError(f"request_timeout_s: expected a number > 0, got {self.request_timeout_s!r}")
+        if self.backoff_s < 0:
+            raise ConfigError(f"backoff_s: expected a number >= 0, got {self.backoff_s!r}")
+        if self.retry_failed not in ("transient", "all", "none"):
+            raise ConfigError(f"retry_failed: expected transient, all or none, got {self.retry_failed!r}")
+        self.agent_config()
+        return self
+
+
+def merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``overrides`` merged in, nested mappings key by key."""
+    out = copy.deepcopy(dict(base))
+    for key, value in overrides.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out

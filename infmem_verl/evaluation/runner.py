@@ -1,0 +1,159 @@
+"""Runs the cells of an evaluation: every method on every sample of every source, resumably.
+
+Cells run one after another (their wall time is then a property of the cell); inside a cell up to
+``concurrency`` samples are in flight. Samples are read from their source one at a time in a
+worker thread (building a synthetic 1M-token document or parsing a large file must not stall the
+requests in flight), and only when a slot is free, so memory holds at most ``concurrency``
+documents. Every sample ends in exactly one record: ``ok`` with its scores, or ``failed`` with
+the reason; an exception of one sample never stops the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from tqdm import tqdm
+
+from data_prep.io import DataError
+from infmem_verl.agent.policy import Policy
+from infmem_verl.data.sample import QASample
+from infmem_verl.policy.openai import PolicyError
+from infmem_verl.reward.metrics import score_answer
+
+from .data import CellSource, LoadFailure
+from .methods import MethodOutcome
+from .store import Key, ResultStore
+
+# Policy errors that say nothing about the sample: a later run should try it again.
+TRANSIENT_KINDS = frozenset({"unreachable", "timeout", "server_error"})
+CELL = "__cell__"  # sample id of a record that fails a whole cell (its file is missing)
+_ANSWER_CHARS = 500
+
+
+@dataclass
+class RunCounts:
+    """What a run did: samples run, skipped as already done, and failed."""
+
+    ran: int = 0
+    skipped: int = 0
+    failed: int = 0
+
+
+class Runner:
+    def __init__(self, policy: Policy, methods: Mapping[str, Any], store: ResultStore, concurrency: int,
+                 retry_failed: str = "transient", progress: bool = True):  # fmt: skip
+        self.policy = policy
+        self.methods = methods
+        self.store = store
+        self.concurrency = concurrency
+        self.retry_failed = retry_failed
+        self.progress = progress
+        self.run_id = uuid.uuid4().hex[:12]
+        self.counts = RunCounts()
+
+    async def run(self, sources: list[CellSource], limit: int | None = None) -> RunCounts:
+        for source in sources:
+            for name in self.methods:
+                await self._cell(source, name, limit)
+        return self.counts
+
+    async def _cell(self, source: CellSource, method: str, limit: int | None) -> None:
+        slots = asyncio.Semaphore(self.concurrency)
+        tasks: set[asyncio.Task] = set()
+        bar = tqdm(desc=f"{source.dataset} {source.length} {method}", unit="sample", total=limit,
+                   disable=not self.progress, file=sys.stderr, dynamic_ncols=True)  # fmt: skip
+        try:
+            items = source.items()
+            while True:
+                await slots.acquire()
+                try:
+                    item = await asyncio.to_thread(next, items, None)
+                except Exception as err:  # an unreadable file or a missing length fails the cell only
+                    slots.release()
+                    self._fail_cell(source, method, str(err) if isinstance(err, DataError) else f"{type(err).__name__}: {err}")
+                    break
+                if item is None:
+                    slots.release()
+                    break
+                key = Key(source.dataset, source.length, method, item.sample_id if isinstance(item, LoadFailure) else item.id)
+                if not self.store.should_run(key, self.retry_failed):
+                    slots.release()
+                    self.counts.skipped += 1
+                    bar.update()
+                    continue
+                if isinstance(item, LoadFailure):
+                    slots.release()
+                    self._write(key, _failed(item.reason, transient=False))
+                    bar.update()
+                    continue
+                task = asyncio.create_task(self._sample(key, item, slots, bar))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.gather(*tasks)
+        finally:
+            bar.close()
+
+    async def _sample(self, key: Key, sample: QASample, slots: asyncio.Semaphore, bar: tqdm) -> None:
+        started_at, started = time.time(), time.perf_counter()
+        try:
+            outcome = await self.methods[key.method].run(self.policy, sample)
+        except Exception as err:  # any failure of one sample is recorded; the others go on
+            transient = isinstance(err, PolicyError) and err.kind in TRANSIENT_KINDS
+            fields = _failed(f"{type(err).__name__}: {err}", transient)
+        else:
+            fields = _scored(outcome, sample)
+        finally:
+            slots.release()
+        fields.update(started_at=started_at, finished_at=time.time(), latency_s=time.perf_counter() - started)
+        self._write(key, fields)
+        bar.update()
+
+    def _fail_cell(self, source: CellSource, method: str, reason: str) -> None:
+        # Transient: the file may be there next time; a resume should look again.
+        self._write(Key(source.dataset, source.length, method, CELL), _failed(reason, transient=True))
+        print(f"[eval] {source.dataset} {source.length} {method}: {reason}", file=sys.stderr)
+
+    def _write(self, key: Key, fields: dict[str, Any]) -> None:
+        record = {"dataset": key.dataset, "length": key.length, "method": key.method, "sample_id": key.sample_id,
+                  "run_id": self.run_id, **fields}  # fmt: skip
+        self.store.append(record)
+        self.counts.ran += 1
+        if record["status"] != "ok":
+            self.counts.failed += 1
+
+
+def _failed(reason: str, transient: bool) -> dict[str, Any]:
+    return {"status": "failed", "reason": reason, "transient": transient}
+
+
+def _scored(outcome: MethodOutcome, sample: QASample) -> dict[str, Any]:
+    """The ``ok`` record fields: measurements and scores under both protocols."""
+    ours = score_answer(outcome.prediction, sample.answers)
+    first = score_answer(outcome.prediction, sample.answers[:1])
+    return {
+        "status": "ok",
+        "prediction": outcome.prediction,
+        "answers": list(sample.answers),
+        "acc": ours["sub_em_strict"],
+        "acc_ref": first["sub_em"],
+        "em": ours["em"],
+        "f1": ours["f1"],
+        "sub_em": ours["sub_em"],
+        "llm_calls": outcome.llm_calls,
+        "prompt_tokens": outcome.prompt_tokens,
+        "completion_tokens": outcome.completion_tokens,
+        "tokens": outcome.prompt_tokens + outcome.completion_tokens,
+        "doc_tokens": outcome.doc_tokens,
+        "chunks_read": outcome.chunks_read,
+        "num_chunks": outcome.num_chunks,
+        "stop_step": outcome.stop_step,
+        "retrieval_queries": outcome.retrieval_queries,
+        "invalid_turns": outcome.invalid_turns,
+        "answer_text": outcome.answer_text[:_ANSWER_CHARS],
+    }

