@@ -186,7 +186,7 @@ def build_haystack(
     total = np.cumsum(counts[order] + 1)  # "\n\n" is one Qwen3 token
     chosen = order[: int(np.searchsorted(total, plan.tokens)) + 1]
     doc = Document.from_text("\n\n".join(paragraphs[i]["text"] for i in chosen), tokenizer, DocumentConfig())
-    units = doc.unit_texts()
+    units = list(doc.unit_texts())  # decoded once: every fact scans them all
     hay = Haystack(units, [], {s.name: [] for s in STYLES}, [], 0, doc.num_tokens, doc.num_chunks)
     for i in rng.sample(chosen, len(chosen)):
         if len(hay.facts) == plan.questions:

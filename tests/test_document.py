@@ -12,7 +12,7 @@ from tokenizers import pre_tokenizers
 
 from infmem_verl.agent import document as document_module
 from infmem_verl.agent.config import ConfigError, DocumentConfig
-from infmem_verl.agent.document import Document, tokenize_document
+from infmem_verl.agent.document import Document, UnitTexts, split_safe, text_digest, tokenize_document
 from infmem_verl.assets import wiki_paragraphs
 
 
@@ -50,6 +50,7 @@ def _hostile_fuzz(seed: int, length: int) -> str:
 def test_qwen_tokenizer_takes_the_parallel_split_path(tokenizer):
     # Otherwise every equality test below would pass through the trivial single-call fallback.
     assert document_module._split_safe(document_module._backend(tokenizer))
+    assert split_safe(tokenizer)
 
 
 def test_tokenization_identical_on_wikipedia_text(tokenizer, wiki_text):
@@ -89,12 +90,27 @@ def test_tokenization_identical_on_random_hostile_text(tokenizer, seed, monkeypa
     np.testing.assert_array_equal(tokenize_document(text, tokenizer), _reference_ids(tokenizer, text))
 
 
+@pytest.mark.parametrize("batch_chars", [1, 3000, 50_000])
+def test_tokenization_identical_across_encode_batches(tokenizer, wiki_text, batch_chars, monkeypatch):
+    # Pieces are encoded in batches of about _BATCH_CHARS characters: ids and paragraph starts
+    # must not depend on where one batch ends (1: every piece its own batch).
+    monkeypatch.setattr(document_module, "_PIECE_CHARS", 2000)
+    text = wiki_text[:120_000]
+    whole = Document.from_text(text, tokenizer, DocumentConfig(paragraph_units=True))
+    monkeypatch.setattr(document_module, "_BATCH_CHARS", batch_chars)
+    batched = Document.from_text(text, tokenizer, DocumentConfig(paragraph_units=True))
+    np.testing.assert_array_equal(batched.ids, _reference_ids(tokenizer, text))
+    np.testing.assert_array_equal(batched.paragraph_starts, whole.paragraph_starts)
+    assert batched.paragraph_starts.size == text.count("\n\n") + 1
+
+
 def test_unknown_pre_tokenizer_falls_back_to_one_call(tokenizer, wiki_text):
     # A real tokenizer with a different (GPT-2 style) pre-tokenizer: cut rules are not proven
     # for it, so the whole text must be encoded at once, and paragraphs still found.
     other = copy.deepcopy(tokenizer)
     other.backend_tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     assert not document_module._split_safe(document_module._backend(other))
+    assert not split_safe(other)
     text = wiki_text[:8000]
     doc = Document.from_text(text, other, DocumentConfig(paragraph_units=True))
     np.testing.assert_array_equal(doc.ids, _reference_ids(other, text))
@@ -187,14 +203,57 @@ def test_views_masks_and_unit_texts(tokenizer, wiki_text):
     assert (doc.unit_bounds[mask, 0] >= doc.chunk_bounds(1)[0]).all()
     assert (doc.unit_bounds[mask, 1] <= doc.chunk_bounds(3)[1]).all()
     texts = doc.unit_texts()
-    assert texts is doc.unit_texts(), "unit texts must be decoded once and cached"
     assert len(texts) == doc.num_units
     for j in (0, doc.num_units // 2, doc.num_units - 1):
         assert texts[j] == tokenizer.decode(doc.unit_ids(j).tolist())
     assert doc.content_hash == hashlib.sha256(wiki_text.encode("utf-8")).hexdigest()
+    assert doc.content_hash == text_digest(wiki_text)
     same_ids = Document.from_ids(doc.ids, tokenizer, cfg)
     assert same_ids.content_hash == hashlib.sha256(doc.ids.astype("<i4").tobytes()).hexdigest()
     assert same_ids.content_hash != doc.content_hash
+
+
+def test_unit_texts_are_decoded_on_demand(tokenizer, wiki_text):
+    # Many more units than one decode batch, so iteration crosses batches.
+    doc = Document.from_text(wiki_text, tokenizer, DocumentConfig(unit_tokens=60, unit_overlap=10))
+    texts = doc.unit_texts()
+    assert isinstance(texts, UnitTexts) and len(texts) == doc.num_units > 2 * document_module._DECODE_UNITS
+    expected = [tokenizer.decode(doc.unit_ids(j).tolist()) for j in range(doc.num_units)]
+    assert list(texts) == expected
+    edges = (0, 63, 64, 65, 255, 256, doc.num_units - 1)
+    assert [texts[j] for j in edges] == [expected[j] for j in edges]
+    assert texts[-1] == expected[-1] and texts[np.int64(3)] == expected[3]
+    assert texts[250:260] == expected[250:260] and texts[::97] == expected[::97] and texts[5:5] == []
+    assert expected[300] in texts and texts.index(expected[300]) == expected.index(expected[300])
+    # Nothing is kept: the document holds no decoded text.
+    assert not any(isinstance(v, (list, tuple, UnitTexts)) for v in vars(doc).values())
+    with pytest.raises(IndexError, match=f"unit index: expected an index in \\[-{doc.num_units}, {doc.num_units}\\)"):
+        texts[doc.num_units]
+    with pytest.raises(TypeError, match="unit index: expected an integer or a slice"):
+        texts["0"]
+
+
+def test_text_digest_hashes_the_whole_utf8_text(monkeypatch):
+    # Slices of a few characters: multi-byte characters and a surrogate pair cut in half
+    # (lone surrogates are passed through) must hash as the whole encoding does.
+    text = "caf\u00e9 \u65e5\u672c \U0001f600 \ud83d\ude00 \udc80 end" * 3
+    whole = hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).hexdigest()
+    for size in (1, 2, 3, 5, 1 << 18):
+        monkeypatch.setattr(document_module, "_HASH_CHARS", size)
+        assert text_digest(text) == whole
+    assert text_digest("") == hashlib.sha256(b"").hexdigest()
+
+
+def test_from_ids_copies_once_and_leaves_the_input_alone(tokenizer):
+    ids = np.arange(1000, dtype=np.int32)
+    doc = Document.from_ids(ids, tokenizer, DocumentConfig(chunk_tokens=400, unit_tokens=100, unit_overlap=10))
+    assert ids.flags.writeable and not doc.ids.flags.writeable
+    assert not np.shares_memory(ids, doc.ids) and doc.ids.dtype == np.int32
+    ids[0] = 7  # the caller's array stays its own
+    assert doc.ids[0] == 0
+    big_endian = Document.from_ids(np.arange(1000, dtype=">i8"), tokenizer, DocumentConfig())
+    np.testing.assert_array_equal(big_endian.ids, np.arange(1000))
+    assert big_endian.content_hash == hashlib.sha256(np.arange(1000, dtype="<i4").tobytes()).hexdigest()
 
 
 def test_paragraph_starts_are_exact(tokenizer):
@@ -254,6 +313,7 @@ def test_one_million_token_document(tokenizer):
     _check_units(doc)
     texts = doc.unit_texts()
     assert len(texts) == doc.num_units and all(texts)
+    assert doc.content_hash == hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def test_short_document_is_one_chunk(tokenizer):

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import platform
 
 import numpy as np
 import pytest
 
+from infmem_verl.agent.cache import release_free_memory
 from infmem_verl.agent.config import agent_config
+from infmem_verl.agent.document import text_digest
 from infmem_verl.agent.loops import build_agent
 from infmem_verl.agent.trajectory import (
     FLAG_INVALID_ACTION,
@@ -246,6 +249,17 @@ def test_rollouts_of_one_document_share_one_index(tokenizer, document):
 
     trajectories = asyncio.run(group())
     assert len(trajectories) == 4 and agent.cache.builds == 1
+    # The cache is keyed by the same content hash the prepared document records.
+    prepared = asyncio.run(agent.cache.get(document))
+    assert agent.cache.builds == 1
+    digest = agent.cache.key(document, with_index=True).split(":")[0]
+    assert digest == prepared.document.content_hash == text_digest(document)
+    assert agent.cache.key(document, with_index=False) != agent.cache.key(document, with_index=True)
+
+
+def test_free_memory_is_handed_back_on_glibc():
+    # Every build ends with it; on glibc it must actually run (elsewhere it is a no-op).
+    assert release_free_memory() is (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")
 
 
 @pytest.mark.parametrize("scope,exclude", [("read_prefix", False), ("document", True)])

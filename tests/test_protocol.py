@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import difflib
 import json
 import random
@@ -9,6 +10,7 @@ import re
 
 import numpy as np
 import pytest
+from tokenizers import pre_tokenizers
 
 from infmem_verl.agent.config import AgentConfig, RetrievalConfig, agent_config
 from infmem_verl.agent.protocol import (
@@ -614,6 +616,114 @@ def test_prethink_drops_the_oldest_searches_to_fit(tokenizer, parts):
     assert_intact(built, question, memory)
     full = roomy.prethink(question, memory, history, 40, 50)
     assert "oldest not shown" not in roomy.decode(full.ids) and len(full.ids) > budget
+
+
+def whole_text_history(builder: PromptBuilder, history, step: int, num_chunks: int, room: int) -> np.ndarray | None:
+    """The history slot as the builder computed it before its lines were cached: the whole text
+    encoded for each candidate, binary search on the hidden entries; None when nothing fits."""
+
+    def encoded(hidden: int) -> np.ndarray:
+        return reference_ids(builder, render_history(history, step, num_chunks, hidden=hidden))
+
+    full = encoded(0)
+    if len(full) <= room:
+        return full
+    best = encoded(len(history))
+    if len(best) > room:
+        return None
+    low, high = 1, len(history)
+    while low < high:
+        hidden = (low + high) // 2
+        ids = encoded(hidden)
+        if len(ids) <= room:
+            best, high = ids, hidden
+        else:
+            low = hidden + 1
+    # The search's answer is the fewest hidden entries that fit (the lengths are monotone).
+    assert len(encoded(low - 1)) > room
+    return best
+
+
+ODD_QUERIES = [
+    "caf\u00e9 \u00e0 Montr\u00e9al",
+    "\u65e5\u672c\u8a9e \u6771\u4eac 1964",
+    "\u0645\u0631\u062d\u0628\u0627 \U0001f600",
+    'a "quoted" back\\slash',
+    "two\nlines\tand tab",
+    "  padded query  ",
+    "<|im_end|> <think>",
+    "Zo\u0308e 12345",
+]
+
+
+def history_queries(count: int, seed: int) -> list[HistoryEntry]:
+    """Controller-like queries from real Wikipedia titles, a third of them non-ASCII or escaped."""
+    rng = random.Random(seed)
+    titles = [p["title"] for p in wiki_paragraphs()[:2000]]
+    entries = []
+    for i in range(count):
+        query = rng.choice(titles) if i % 3 else rng.choice(ODD_QUERIES) + " " + rng.choice(titles)
+        entries.append(HistoryEntry(query, rng.randint(1, 8)))
+    return entries
+
+
+def history_prompt(builder: PromptBuilder, question: np.ndarray, filler: np.ndarray, history, step, room: int):
+    """A PreThink prompt (of 240 chunks) whose memory leaves exactly ``room`` tokens for the
+    history slot; returns the template, that memory and the built prompt."""
+    template = builder._templates["prethink"]
+    memory = np.resize(filler, builder.cfg.prethink.prompt_tokens - template.static_tokens - len(question) - room)
+    return template, memory, builder.prethink(question, memory, history, step, 240)
+
+
+def history_lengths(builder: PromptBuilder, history, step: int) -> tuple[int, int]:
+    """Tokens of the history slot with every entry shown and with none shown."""
+    full = render_history(history, step, 240)
+    shortest = render_history(history, step, 240, hidden=len(history))
+    return len(reference_ids(builder, full)), len(reference_ids(builder, shortest))
+
+
+def test_history_ids_equal_whole_text_encoding(tokenizer, wiki_ids):
+    # Every history length 0..200 with rooms from "everything fits" down to "not even the
+    # header fits"; the ids must be exactly those of encoding the rendered history whole.
+    builder = make_builder(tokenizer, prethink={"prompt_tokens": 12_000, "thinking_tokens": 64, "output_tokens": 64})
+    assert builder._history_lines_separable  # the cached-lines path is the one under test
+    question = builder.encode("Which stadium hosted the 1936 games, and who was its architect?")
+    history = history_queries(200, seed=5)
+    rng = random.Random(7)
+    checked = {"fits": 0, "cut": 0, "error": 0}
+    for n in range(201):
+        step = n + rng.randint(0, 3)
+        full, shortest = history_lengths(builder, history[:n], step)
+        for room in [full, full - 1, rng.randint(shortest, full), shortest, shortest - 1][n % 5 :: 2]:
+            expected = whole_text_history(builder, history[:n], step, 240, room)
+            if expected is None:
+                with pytest.raises(ValueError, match=r"question:.*prethink\.prompt_tokens=12000"):
+                    history_prompt(builder, question, wiki_ids, history[:n], step, room)
+                checked["error"] += 1
+                continue
+            template, memory, built = history_prompt(builder, question, wiki_ids, history[:n], step, room)
+            want = template.assemble({"question": question, "history": expected, "memory": memory})
+            np.testing.assert_array_equal(built.ids, want, err_msg=f"{n} searches, room {room}")
+            checked["fits" if len(expected) == full else "cut"] += 1
+    assert min(checked.values()) >= 30, checked
+
+
+def test_history_of_a_tokenizer_without_separable_lines(tokenizer, wiki_ids):
+    # GPT-2 style pre-tokenization is not proven to split at line breaks: the builder must
+    # encode each history variant whole, and still pick the same number of hidden entries.
+    other = copy.deepcopy(tokenizer)
+    other.backend_tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    builder = make_builder(other, prethink={"prompt_tokens": 8000, "thinking_tokens": 64, "output_tokens": 64})
+    assert not builder._history_lines_separable
+    question = builder.encode("Which stadium hosted the 1936 games?")
+    history = history_queries(60, seed=11)
+    for n, fraction in [(0, 1.0), (25, 1.0), (60, 0.5), (60, 0.0)]:
+        full, shortest = history_lengths(builder, history[:n], n)
+        room = shortest + int(fraction * (full - shortest))
+        template, memory, built = history_prompt(builder, question, wiki_ids, history[:n], n, room)
+        expected = whole_text_history(builder, history[:n], n, 240, room)
+        want = template.assemble({"question": question, "history": expected, "memory": memory})
+        np.testing.assert_array_equal(built.ids, want)
 
 
 # --------------------------------------------------------------------------------------------

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import math
 import random
+import threading
 from collections import Counter
 
 import numpy as np
 import pytest
+import scipy.sparse
 
-from infmem_verl.agent.config import ConfigError, RetrievalConfig
+from infmem_verl.agent import retrieval as retrieval_module
+from infmem_verl.agent.config import ConfigError, DocumentConfig, RetrievalConfig
+from infmem_verl.agent.document import Document
 from infmem_verl.agent.rerank import RRF_K, UnitEmbeddings, reciprocal_rank_fusion
-from infmem_verl.agent.retrieval import STOPWORDS, BM25Index, Hit, get_analyzer
+from infmem_verl.agent.retrieval import STOPWORDS, Analyzer, BM25Index, Hit, SparseBM25, get_analyzer
 from infmem_verl.assets import wiki_paragraphs
 
 ANALYZER_FLAGS = [(False, False), (False, True), (True, False), (True, True)]
@@ -208,6 +212,93 @@ def test_bad_input_is_rejected(index):
         BM25Index.build(["some text"], RetrievalConfig(backend="bm25s"))
 
 
+def _one_pass_sparse(unit_terms: list[list[str]], k1: float, b: float) -> tuple[dict, scipy.sparse.csr_matrix]:
+    """The sparse index as first written: every token's term id at once, weights in float64."""
+    vocab: dict[str, int] = {}
+    lengths = np.array([len(t) for t in unit_terms], dtype=np.int64)
+    term_ids = np.array([vocab.setdefault(t, len(vocab)) for terms in unit_terms for t in terms], dtype=np.int32)
+    unit_ids = np.repeat(np.arange(len(unit_terms), dtype=np.int32), lengths)
+    tf = scipy.sparse.csr_matrix(
+        (np.ones(len(term_ids), dtype=np.float32), (term_ids, unit_ids)), shape=(len(vocab), len(unit_terms))
+    )
+    df = np.diff(tf.indptr)
+    idf = np.log1p((len(unit_terms) - df + 0.5) / (df + 0.5))
+    norm = k1 * (1.0 - b + b * lengths / max(float(lengths.mean()), 1.0))
+    counts = tf.data.astype(np.float64)
+    tf.data = (np.repeat(idf, df) * counts * (k1 + 1.0) / (counts + norm[tf.indices])).astype(np.float32)
+    return vocab, tf
+
+
+@pytest.mark.parametrize("block", [5, 1 << 16])
+def test_streamed_sparse_index_equals_the_one_pass_build(units, block, monkeypatch):
+    # Same vocabulary (ids in order of first appearance) and bit-identical weights, whatever the
+    # block the weights are computed in; hence the same scores and hits.
+    monkeypatch.setattr(retrieval_module, "_WEIGHT_BLOCK", block)
+    analyzer = get_analyzer(stem=True, stopwords=True)
+    unit_terms = [analyzer.analyze(t) for t in units] + [[]]  # a unit without terms too
+    vocab, expected = _one_pass_sparse(unit_terms, k1=1.2, b=0.75)
+    streamed = SparseBM25(iter(unit_terms), k1=1.2, b=0.75)
+    assert list(streamed.vocab.items()) == list(vocab.items())
+    got = streamed.weights
+    assert got.dtype == np.float32 and got.has_sorted_indices and expected.has_sorted_indices
+    for name in ("data", "indices", "indptr"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(expected, name), err_msg=name)
+    query = analyzer.analyze("the river flows through the capital city of the empire")
+    uniq, counts = np.unique([vocab[t] for t in query if t in vocab], return_counts=True)
+    np.testing.assert_array_equal(streamed.scores(query), expected[uniq].T @ counts.astype(np.float32))
+
+
+def test_index_over_lazy_unit_texts_equals_index_over_a_list(tokenizer, units):
+    doc = Document.from_text("\n\n".join(units[:120]), tokenizer, DocumentConfig(chunk_tokens=2000))
+    lazy = BM25Index.build(doc.unit_texts(), RetrievalConfig())
+    listed = BM25Index.build(list(doc.unit_texts()), RetrievalConfig())
+    assert lazy.num_units == listed.num_units == doc.num_units
+    assert lazy.scorer.vocab == listed.scorer.vocab
+    assert (lazy.scorer.weights != listed.scorer.weights).nnz == 0
+    for query in ("war between two empires", "famous painter", "river"):
+        assert lazy.search(query, 8) == listed.search(query, 8)
+
+
+def test_stem_cache_is_bounded_and_stems_stay_right(units):
+    reference = Analyzer(stem=True, stopwords=True)
+    bounded = Analyzer(stem=True, stopwords=True, max_stems=64)
+    sizes = []
+    for text in units[:100]:
+        assert bounded.analyze(text) == reference.analyze(text)
+        sizes.append(bounded.num_cached_stems)
+    assert max(sizes) <= 64 and sum(size > 0 for size in sizes) > 50
+    assert reference.num_cached_stems > 1000  # the bound was what kept it small
+    long_text = " ".join(units[:5])  # more distinct words in one call than the cache holds
+    assert len(set(bounded.words(long_text))) > 64
+    assert bounded.analyze(long_text) == reference.analyze(long_text)
+    assert bounded.num_cached_stems <= 64
+    with pytest.raises(ValueError, match="max_stems: expected an integer >= 1"):
+        Analyzer(stem=True, stopwords=True, max_stems=0)
+
+
+def test_stem_cache_starting_over_is_safe_across_threads(units):
+    # Four threads share an analyzer whose tiny cache starts over constantly.
+    reference = Analyzer(stem=True, stopwords=False)
+    expected = [reference.analyze(t) for t in units]
+    shared = Analyzer(stem=True, stopwords=False, max_stems=40)
+    results: dict[int, list] = {}
+
+    def work(worker: int) -> None:
+        order = list(range(len(units)))
+        random.Random(worker).shuffle(order)
+        results[worker] = [(i, shared.analyze(units[i])) for i in order]
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(results) == 4
+    for out in results.values():
+        assert all(terms == expected[i] for i, terms in out)
+    assert shared.num_cached_stems <= 40
+
+
 def test_stopword_list_is_lowercase_words():
     assert all(w.isalpha() and w == w.lower() for w in STOPWORDS)
     assert {"the", "of", "and", "is", "s", "t"} <= STOPWORDS
@@ -275,3 +366,10 @@ def test_units_of_a_real_document(tokenizer, units):
     assert any(doc.unit_chunk[index.search(word, top_k=1)[0].unit] > 1 for word, _ in rare)
     for word, _ in rare:
         assert all(doc.unit_chunk[h.unit] <= 1 for h in index.search(word, top_k=8, allowed=read_prefix))
+    # Reranking decodes only its candidate units from the document's lazy unit texts.
+    reranked = BM25Index.build(doc.unit_texts(), RetrievalConfig(rerank=True, rerank_candidates=6))
+    query = "famous painter of the renaissance"
+    pool = {h.unit for h in index.search(query, top_k=6)}
+    hits = reranked.search(query, top_k=3)
+    assert len(hits) == 3 and {h.unit for h in hits} <= pool
+    assert reranked.num_embedded == len(pool)

@@ -8,15 +8,22 @@ Tokenization is the dominant CPU cost for 1M-token documents, so the text is cut
 positions where Qwen's byte-level BPE pre-tokenizer splits anyway and the pieces are encoded as
 one batch: the Rust tokenizer encodes a batch on all cores and the ids are identical to encoding
 the whole text at once. The cut points also give the token start of every paragraph for free.
+
+Memory matters as much as speed: training keeps many 1M-token documents in flight at once.
+Pieces are therefore encoded in bounded batches whose ids become int32 arrays at once (a
+tokenizer ``Encoding`` holds each token's string too, tens of bytes per token), and unit texts
+are decoded on demand (:class:`UnitTexts`) instead of being kept beside the ids.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, overload
 
 import numpy as np
 
@@ -24,13 +31,17 @@ from .config import DocumentConfig
 
 # Split regexes of byte-level BPE pre-tokenizers whose whitespace alternatives are
 # ``\s*[\r\n]+|\s+(?!\S)|\s+`` and whose other alternatives contain a space only as their first
-# character (Qwen2/2.5/3; Llama 3 differs only in ``\p{N}{1,3}``). For these, two kinds of
+# character (Qwen2/2.5/3; Llama 3 differs only in ``\p{N}{1,3}``). For these, three kinds of
 # positions always separate pre-tokens:
 #   * right after the last line break of a whitespace run (no pre-token continues past a line
 #     break into non-line-break characters of the same run, nor into a non-space character);
 #   * right before a space that is followed by an ASCII letter (the space can only start the
-#     pre-token `` word``; every alternative that could end with it needs a space after it).
-# NFC (their normalizer) never composes across either position: line breaks and spaces are
+#     pre-token `` word``; every alternative that could end with it needs a space after it);
+#   * right before a line break that follows a letter or digit (a pre-token ending in a letter
+#     or digit is a letter, digit or contraction run, none of which takes a line break, and a
+#     whitespace pre-token starts at the first whitespace character). The document uses the
+#     first two; the prompt builder's search-history lines the third.
+# NFC (their normalizer) never composes across any of them: line breaks and spaces are
 # starters that compose with nothing.
 _SPLIT_SAFE_PATTERNS = frozenset(
     {
@@ -51,6 +62,27 @@ _PARAGRAPH_BREAK = re.compile(rf"{_LINE_BREAK}(?:[^\S\r\n]*{_LINE_BREAK})+")
 # Target piece length for batch encoding: long enough that per-piece overhead is negligible,
 # short enough that a single-paragraph document still spreads over all cores.
 _PIECE_CHARS = 16_384
+# Characters encoded per batch of pieces: enough pieces to keep every core busy, few enough that
+# the batch's ``Encoding`` objects (far larger than the ids) stay small next to the text.
+_BATCH_CHARS = 1 << 18
+# Characters of text hashed per step, so hashing never holds a UTF-8 copy of the whole text.
+_HASH_CHARS = 1 << 18
+# Units decoded per batch when unit texts are iterated. The decoder takes lists of Python ints
+# (32 bytes per token), so a batch of 64 500-token units costs about 1 MiB while it is decoded.
+_DECODE_UNITS = 64
+
+
+def text_digest(text: str) -> str:
+    """SHA-256 hex digest of ``text`` as UTF-8 (lone surrogates passed through), hashed in slices.
+
+    The one content hash of a text: :class:`Document` records it and the document cache keys by
+    it. Slicing gives the digest of the whole encoding: with ``surrogatepass`` every code point
+    encodes on its own, so no byte sequence spans two slices.
+    """
+    digest = hashlib.sha256()
+    for start in range(0, len(text), _HASH_CHARS):
+        digest.update(text[start : start + _HASH_CHARS].encode("utf-8", errors="surrogatepass"))
+    return digest.hexdigest()
 
 
 def tokenize_document(text: str, tokenizer) -> np.ndarray:
@@ -66,11 +98,22 @@ def _tokenize(text: str, tokenizer) -> tuple[np.ndarray, np.ndarray]:
     """Token ids of ``text`` and the token index where each of its paragraphs starts."""
     if not isinstance(text, str):
         raise ValueError(f"text: expected a str, got {type(text).__name__}")
-    backend = _backend(tokenizer)
     paragraph_chars = [m.end() for m in _PARAGRAPH_BREAK.finditer(text) if m.end() < len(text)]
-    if backend is not None and _split_safe(backend):
-        return _tokenize_pieces(text, backend, paragraph_chars)
+    if split_safe(tokenizer):
+        return _tokenize_pieces(text, _backend(tokenizer), paragraph_chars)
     return _tokenize_whole(text, tokenizer, paragraph_chars)
+
+
+def split_safe(tokenizer) -> bool:
+    """Whether ``tokenizer`` encodes text cut at line breaks piece by piece to the ids of the whole.
+
+    True for the byte-level BPE tokenizers this module recognises (Qwen2/2.5/3, Llama 3), for
+    cuts right after the last line break of a whitespace run and right before a line break that
+    follows a letter or digit: no pre-token spans either position (see
+    :data:`_SPLIT_SAFE_PATTERNS`).
+    """
+    backend = _backend(tokenizer)
+    return backend is not None and _split_safe(backend)
 
 
 def _backend(tokenizer) -> Any | None:
@@ -126,15 +169,20 @@ def _piece_starts(text: str, paragraph_chars: Sequence[int]) -> list[int]:
 
 def _tokenize_pieces(text: str, backend, paragraph_chars: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     starts = _piece_starts(text, paragraph_chars)
-    pieces = [text[a:b] for a, b in zip(starts, [*starts[1:], len(text)])]
+    ends = [*starts[1:], len(text)]
     # ``encode_batch_fast`` skips offset tracking (about twice as fast); older tokenizers lack it.
     encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
-    encodings = encode(pieces, add_special_tokens=False)
-    lengths = np.fromiter((len(e) for e in encodings), dtype=np.int64, count=len(encodings))
-    ids = np.empty(int(lengths.sum()), dtype=np.int32)
+    parts: list[np.ndarray] = []
+    first = 0
+    while first < len(starts):
+        # Pieces starting within _BATCH_CHARS of this batch's first piece (at least one piece).
+        stop = max(first + 1, bisect.bisect_left(starts, starts[first] + _BATCH_CHARS, lo=first))
+        pieces = [text[a:b] for a, b in zip(starts[first:stop], ends[first:stop])]
+        parts += [np.asarray(e.ids, dtype=np.int32) for e in encode(pieces, add_special_tokens=False)]
+        first = stop
+    lengths = np.fromiter((len(part) for part in parts), dtype=np.int64, count=len(parts))
+    ids = np.concatenate(parts)
     piece_token_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-    for encoding, offset, length in zip(encodings, piece_token_starts, lengths):
-        ids[offset : offset + length] = encoding.ids
     is_paragraph = np.isin(np.asarray(starts, dtype=np.int64), np.asarray([0, *paragraph_chars], dtype=np.int64))
     return ids, _unique_starts(piece_token_starts[is_paragraph], len(ids))
 
@@ -219,7 +267,6 @@ class Document:
     paragraph_starts: np.ndarray | None
     content_hash: str
     tokenizer: Any = field(repr=False)
-    _unit_texts: list[str] | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def from_text(cls, text: str, tokenizer, cfg: DocumentConfig) -> "Document":
@@ -228,8 +275,7 @@ class Document:
             got = repr(text[:40]) if isinstance(text, str) else type(text).__name__
             raise ValueError(f"document: expected a text with at least one non-whitespace character, got {got}")
         ids, paragraph_starts = _tokenize(text, tokenizer)
-        digest = hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).hexdigest()
-        return cls._build(ids, tokenizer, cfg, paragraph_starts, digest)
+        return cls._build(ids, tokenizer, cfg, paragraph_starts, text_digest(text))
 
     @classmethod
     def from_ids(
@@ -239,7 +285,7 @@ class Document:
         cfg: DocumentConfig,
         paragraph_starts: Sequence[int] | None = None,
     ) -> "Document":
-        """Cut already tokenized ids (copied, never aliased).
+        """Cut already tokenized ids (copied once, never aliased: the document freezes its ids).
 
         ``paragraph_starts`` (token indices) enables paragraph units; without it a config asking
         for them gets fixed windows, as a document of one paragraph would.
@@ -252,9 +298,9 @@ class Document:
             )
         if array.min() < 0 or array.max() > np.iinfo(np.int32).max:
             raise ValueError(f"document: expected token ids in [0, 2**31), got min {array.min()} max {array.max()}")
-        array = array.astype(np.int32)
+        array = np.array(array, dtype="<i4", order="C")  # the one copy
         starts = None if paragraph_starts is None else _checked_paragraph_starts(paragraph_starts, array.size)
-        digest = hashlib.sha256(array.astype("<i4").tobytes()).hexdigest()
+        digest = hashlib.sha256(memoryview(array).cast("B")).hexdigest()
         return cls._build(array, tokenizer, cfg, starts, digest)
 
     @classmethod
@@ -305,16 +351,10 @@ class Document:
         start, end = self.unit_bounds[j]
         return self.ids[start:end]
 
-    def unit_texts(self) -> list[str]:
-        """Decoded text of every unit, batch-decoded on first use and cached (BM25 indexes it)."""
-        if self._unit_texts is None:
-            seqs = [self.ids[a:b].tolist() for a, b in self.unit_bounds]
-            backend = getattr(self.tokenizer, "backend_tokenizer", None)
-            if backend is not None:
-                self._unit_texts = backend.decode_batch(seqs, skip_special_tokens=False)
-            else:
-                self._unit_texts = self.tokenizer.batch_decode(seqs, skip_special_tokens=False)
-        return self._unit_texts
+    def unit_texts(self) -> "UnitTexts":
+        """The units' texts as a lazy sequence, decoded on access and never stored (see
+        :class:`UnitTexts`): building the BM25 index reads each once, a reranker a few."""
+        return UnitTexts(self)
 
     def units_mask(self, first_chunk: int, last_chunk: int) -> np.ndarray:
         """Boolean mask over units lying in chunks ``first_chunk..last_chunk`` (inclusive)."""
@@ -323,6 +363,49 @@ class Document:
         if last_chunk < first_chunk:
             raise ValueError(f"last_chunk: expected >= first_chunk={first_chunk}, got {last_chunk}")
         return (self.unit_chunk >= first_chunk) & (self.unit_chunk <= last_chunk)
+
+
+class UnitTexts(Sequence[str]):
+    """Decoded texts of a document's retrieval units, decoded on every access, nothing kept.
+
+    Kept texts would take about twice the ids' memory for as long as the document is cached,
+    while only the BM25 build (one pass, :meth:`__iter__` decodes in batches) and an optional
+    reranker (a few candidate units) read them. Indexing decodes one unit, a slice its units.
+    """
+
+    def __init__(self, document: Document) -> None:
+        self._document = document
+
+    def __len__(self) -> int:
+        return self._document.num_units
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[str]: ...
+
+    def __getitem__(self, index: int | slice) -> str | list[str]:
+        if isinstance(index, slice):
+            return self._decode(range(len(self))[index])
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
+            raise TypeError(f"unit index: expected an integer or a slice, got {type(index).__name__}")
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"unit index: expected an index in [-{len(self)}, {len(self)}), got {index}")
+        return self._decode([int(index) % len(self)])[0]
+
+    def __iter__(self) -> Iterator[str]:
+        for start in range(0, len(self), _DECODE_UNITS):
+            yield from self._decode(range(start, min(start + _DECODE_UNITS, len(self))))
+
+    def _decode(self, units: Sequence[int]) -> list[str]:
+        """Texts of ``units``, decoded as one batch, special tokens kept (as ``tokenizer.decode``)."""
+        doc = self._document
+        seqs = [doc.ids[a:b].tolist() for a, b in doc.unit_bounds[list(units)]]
+        backend = getattr(doc.tokenizer, "backend_tokenizer", None)
+        if backend is not None:
+            return backend.decode_batch(seqs, skip_special_tokens=False)
+        return doc.tokenizer.batch_decode(seqs, skip_special_tokens=False)
 
 
 def _fixed_units(

@@ -62,6 +62,7 @@ when needed.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -70,6 +71,7 @@ from typing import Any, Literal, Mapping, Sequence
 import numpy as np
 
 from infmem_verl.agent.config import AgentConfig, RetrievalConfig
+from infmem_verl.agent.document import split_safe
 from infmem_verl.agent.trajectory import FLAG_CHUNK_SHORTENED, FLAG_EVIDENCE_SHORTENED, Action
 
 THINK_START = "<think>"
@@ -83,6 +85,11 @@ STOP_TOOL = "stop"
 # they tokenize the same inside and outside the template (see the module docstring).
 EMPTY_MEMORY_TEXT = "No previous memory"
 NO_EVIDENCE_TEXT = "No passages were retrieved for this step"
+
+# Most search-history lines each of a PromptBuilder's two line caches (entries, headers) keeps
+# encoded; least recently used go. A worker's concurrent rollouts each add about one entry line
+# and a few header lines per chunk read; 32K lines take ~10 MiB.
+HISTORY_LINE_CACHE = 1 << 15
 
 PromptKind = Literal["prethink", "write_memagent", "write_infmem", "answer"]
 
@@ -412,15 +419,24 @@ def render_history(history: Sequence[HistoryEntry], step: int, num_chunks: int, 
 
     Starts and ends with a letter or digit so that it tokenizes the same inside the template.
     """
-    lines = [f"Step {step + 1} of {num_chunks}: {step} of the {num_chunks} chunks have been read into the memory"]
-    if not history:
-        lines.append("No searches made yet")
-        return "\n".join(lines)
-    note = f", the {hidden} oldest not shown" if hidden else ""
-    lines.append(f"Searches made so far: {len(history)}{note}")
-    for number, entry in enumerate(history[hidden:], start=hidden + 1):
-        lines.append(f"{number}. query {json.dumps(entry.query, ensure_ascii=False)}, top_k {entry.top_k}")
+    lines = [*_history_header(len(history), step, num_chunks, hidden)]
+    shown = enumerate(history[hidden:], start=hidden + 1)
+    lines += [_history_entry(number, entry.query, entry.top_k) for number, entry in shown]
     return "\n".join(lines)
+
+
+def _history_header(searches: int, step: int, num_chunks: int, hidden: int) -> tuple[str, str]:
+    """The two lines above the history entries: reading progress, then the count of searches."""
+    progress = f"Step {step + 1} of {num_chunks}: {step} of the {num_chunks} chunks have been read into the memory"
+    if not searches:
+        return progress, "No searches made yet"
+    note = f", the {hidden} oldest not shown" if hidden else ""
+    return progress, f"Searches made so far: {searches}{note}"
+
+
+def _history_entry(number: int, query: str, top_k: int) -> str:
+    """The history line of search ``number`` (1-based)."""
+    return f"{number}. query {json.dumps(query, ensure_ascii=False)}, top_k {top_k}"
 
 
 @dataclass(frozen=True)
@@ -470,12 +486,31 @@ class PromptBuilder:
         self._evidence_labels: dict[int, np.ndarray] = {}
         # What the loop appends when thinking runs out of budget before closing itself.
         self.close_think_ids = self.encode(f"\n{THINK_END}\n\n")
+        # A rollout's search history grows by one line per step and every PreThink prompt shows it,
+        # so encoding it whole each time costs O(steps^2) tokens per rollout (a 1M-token document
+        # has 200 steps). Its lines are therefore encoded once each and concatenated, which gives
+        # the same ids only when the tokenizer never merges across the line breaks between them
+        # (history lines end with a letter or digit); other tokenizers get the whole text encoded.
+        self._history_lines_separable = split_safe(tokenizer)
+        self._header_line_ids = functools.lru_cache(maxsize=HISTORY_LINE_CACHE)(self._encode_frozen)
+        self._entry_line_ids = functools.lru_cache(maxsize=HISTORY_LINE_CACHE)(self._encode_entry_line)
 
     # -- text <-> ids -------------------------------------------------------------------------
 
     def encode(self, text: str) -> np.ndarray:
         """Token ids of ``text`` without added special tokens, as int32."""
         return np.asarray(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int32)
+
+    def _encode_frozen(self, text: str) -> np.ndarray:
+        """:meth:`encode`, read-only: the result is cached and shared by every later prompt."""
+        ids = self.encode(text)
+        ids.flags.writeable = False
+        return ids
+
+    def _encode_entry_line(self, number: int, query: str, top_k: int) -> np.ndarray:
+        """Ids of a history entry's line with the line break in front of it (cached by number,
+        query and top_k: the line is the same in every later prompt of the rollout)."""
+        return self._encode_frozen("\n" + _history_entry(number, query, top_k))
 
     def decode(self, ids: Sequence[int] | np.ndarray, skip_special_tokens: bool = True) -> str:
         """Text of ``ids``; chat markers such as ``<|im_start|>`` are dropped unless asked for.
@@ -621,21 +656,19 @@ class PromptBuilder:
         template: _Template,
     ) -> np.ndarray:
         """The history slot's ids, showing as many of the newest entries as ``room`` allows."""
-        full = self.encode(render_history(history, step, num_chunks))
-        if len(full) <= room:
-            return full
-        shortest = self.encode(render_history(history, step, num_chunks, hidden=len(history)))
-        self._room("prethink", template, question, memory, len(shortest))
-        # Binary search on the number of hidden entries; `best` always holds ids that fit.
-        low, high, best = 1, len(history), shortest
+        slot = _HistorySlot(self, history, step, num_chunks)
+        if slot.length(0) <= room:
+            return slot.ids(0)
+        self._room("prethink", template, question, memory, slot.length(len(history)))
+        # Binary search on the number of hidden entries; `best` always fits (checked just above).
+        low, high, best = 1, len(history), len(history)
         while low < high:
             hidden = (low + high) // 2
-            ids = self.encode(render_history(history, step, num_chunks, hidden=hidden))
-            if len(ids) <= room:
-                best, high = ids, hidden
+            if slot.length(hidden) <= room:
+                best, high = hidden, hidden
             else:
                 low = hidden + 1
-        return best
+        return slot.ids(best)
 
     def _evidence_label(self, rank: int) -> np.ndarray:
         """Ids of the label before the passage of ``rank`` (1-based), blank line included."""
@@ -666,6 +699,48 @@ class PromptBuilder:
         if not parts:
             return self._no_evidence_ids, bool(units)
         return np.concatenate(parts), whole < len(units)
+
+
+class _HistorySlot:
+    """The search-history slot of one PreThink prompt for any number of hidden oldest entries.
+
+    With separable lines (see :class:`PromptBuilder`) the ids are the cached ids of the two header
+    lines followed by those of each shown entry, so the length for any ``hidden`` is a header
+    length plus a suffix sum and a call encodes at most its new lines. Otherwise every variant
+    asked for is encoded whole, as rendered, once per call.
+    """
+
+    def __init__(self, builder: PromptBuilder, history: Sequence[HistoryEntry], step: int, num_chunks: int) -> None:
+        self._builder = builder
+        self._history = history
+        self._step = step
+        self._num_chunks = num_chunks
+        self._whole: dict[int, np.ndarray] = {}  # hidden -> ids, when lines are not separable
+        self._entries: list[np.ndarray] | None = None
+        if builder._history_lines_separable:
+            self._entries = [builder._entry_line_ids(n, e.query, e.top_k) for n, e in enumerate(history, start=1)]
+            lengths = [len(ids) for ids in reversed(self._entries)]
+            # _suffix[h]: tokens of the entries shown when the h oldest are hidden.
+            self._suffix = np.cumsum([0, *lengths])[::-1]
+
+    def length(self, hidden: int) -> int:
+        """Tokens of the slot with the ``hidden`` oldest entries left out."""
+        if self._entries is None:
+            return len(self.ids(hidden))
+        return sum(len(ids) for ids in self._header(hidden)) + int(self._suffix[hidden])
+
+    def ids(self, hidden: int) -> np.ndarray:
+        """Ids of the slot with the ``hidden`` oldest entries left out."""
+        if self._entries is not None:
+            return np.concatenate([*self._header(hidden), *self._entries[hidden:]])
+        if hidden not in self._whole:
+            text = render_history(self._history, self._step, self._num_chunks, hidden=hidden)
+            self._whole[hidden] = self._builder.encode(text)
+        return self._whole[hidden]
+
+    def _header(self, hidden: int) -> tuple[np.ndarray, np.ndarray]:
+        progress, searches = _history_header(len(self._history), self._step, self._num_chunks, hidden)
+        return self._builder._header_line_ids(progress), self._builder._header_line_ids("\n" + searches)
 
 
 def _as_ids(ids: Sequence[int] | np.ndarray, name: str) -> np.ndarray:

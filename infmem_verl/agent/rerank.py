@@ -98,7 +98,11 @@ def reciprocal_rank_fusion(*orders: np.ndarray) -> np.ndarray:
 
 
 class UnitEmbeddings:
-    """Cached window embeddings of the retrieval units of one document, computed on demand."""
+    """Cached window embeddings of the retrieval units of one document, computed on demand.
+
+    ``unit_texts`` is read only at the units being embedded, so a lazy
+    :class:`~infmem_verl.agent.document.UnitTexts` decodes just those.
+    """
 
     def __init__(self, unit_texts: Sequence[str]) -> None:
         self.unit_texts = unit_texts

@@ -14,11 +14,13 @@ caller's: it passes them as a boolean ``allowed`` mask over units.
 
 from __future__ import annotations
 
+import collections
 import functools
 import re
 import threading
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Mapping, Protocol
 
 import numpy as np
 import scipy.sparse
@@ -30,6 +32,14 @@ from infmem_verl.agent.config import RetrievalConfig
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
 _TOKEN_RE = re.compile(rf"[{_CJK}]+|[^\W_{_CJK}]+")
 _CJK_RE = re.compile(rf"[{_CJK}]")
+
+# Most words an analyzer keeps stemmed. The analyzers are process-wide and a training run reads
+# millions of distinct words, so the cache starts over when full: at most ~8 MiB, while a
+# 1M-token Wikipedia document has ~45K distinct words. Starting over costs re-stemming the words
+# still in use (stemming every word of a 1M-token document uncached takes ~0.3 s).
+STEM_CACHE_WORDS = 1 << 16
+# BM25 weights are computed this many matrix entries at a time, bounding float64 temporaries.
+_WEIGHT_BLOCK = 1 << 16
 
 # Compact English stopword list: function words that carry no topic. Single letters left by
 # apostrophes ("Seurat's" -> "seurat", "s"; "don't" -> "don", "t") are included.
@@ -52,12 +62,18 @@ class Analyzer:
 
     Lowercased word tokens (CJK runs become unigrams plus bigrams, since CJK has no spaces),
     optional stopword removal, optional Snowball English stemming. Stems are cached per distinct
-    word, so a 1M-token document stems only its vocabulary, not every occurrence.
+    word, so a 1M-token document stems only its vocabulary, not every occurrence; the cache holds
+    at most ``max_stems`` words and starts over when full.
     """
 
-    def __init__(self, stem: bool, stopwords: bool) -> None:
+    def __init__(self, stem: bool, stopwords: bool, max_stems: int = STEM_CACHE_WORDS) -> None:
+        if isinstance(max_stems, bool) or not isinstance(max_stems, int) or max_stems < 1:
+            raise ValueError(f"max_stems: expected an integer >= 1, got {max_stems!r}")
         self.stem = stem
         self.stopwords = stopwords
+        self.max_stems = max_stems
+        # Replaced by a new dict when full, never cleared in place: a reader holding the old one
+        # still finds every word it checked (see _stems_of).
         self._stems: dict[str, str] = {}
         self._stemmer = _snowball_english() if stem else None
         # PyStemmer objects must not be used by two threads at once.
@@ -81,12 +97,30 @@ class Analyzer:
             words = [w for w in words if w not in STOPWORDS]
         if self._stemmer is None:
             return words
-        stems = self._stems
-        unknown = list({w for w in words if w not in stems})
-        if unknown:
-            with self._lock:
-                stems.update(zip(unknown, self._stemmer.stemWords(unknown)))
+        stems = self._stems_of(words)
         return [stems[w] for w in words]
+
+    @property
+    def num_cached_stems(self) -> int:
+        """Words whose stems are cached now (at most ``max_stems``)."""
+        return len(self._stems)
+
+    def _stems_of(self, words: list[str]) -> Mapping[str, str]:
+        """A mapping holding the stem of each of ``words``, stemming and caching unknown ones."""
+        known = self._stems
+        unknown = list({w for w in words if w not in known})
+        if not unknown:
+            return known
+        with self._lock:
+            stemmed = self._stemmer.stemWords(unknown)
+            cache = self._stems
+            if len(cache) + len(unknown) > self.max_stems:
+                cache = self._stems = {}
+            if len(unknown) <= self.max_stems:
+                cache.update(zip(unknown, stemmed))
+        # The cache may have started over since `known` was read; `known` itself is never
+        # emptied, so it still holds every word that was not unknown.
+        return known if cache is known else collections.ChainMap(dict(zip(unknown, stemmed)), known)
 
 
 def _snowball_english():
@@ -122,28 +156,33 @@ class SparseBM25:
     one present in every unit, unlike BM25Okapi's ln((N - df + 0.5) / (df + 0.5)).
     """
 
-    def __init__(self, unit_terms: Sequence[list[str]], k1: float, b: float) -> None:
+    def __init__(self, unit_terms: Iterable[Sequence[str]], k1: float, b: float) -> None:
+        # Streamed: one unit's terms at a time become its distinct term ids and their counts, so
+        # memory grows with the matrix, not with the document's tokens.
         self.vocab: dict[str, int] = {}
-        n_units = len(unit_terms)
-        lengths = np.fromiter((len(t) for t in unit_terms), dtype=np.int64, count=n_units)
-        term_ids = np.fromiter(
-            (self.vocab.setdefault(t, len(self.vocab)) for terms in unit_terms for t in terms),
-            dtype=np.int32,
-            count=int(lengths.sum()),
-        )
-        unit_ids = np.repeat(np.arange(n_units, dtype=np.int32), lengths)
-        # Duplicate (term, unit) pairs are summed on conversion: the data becomes term counts.
-        tf = scipy.sparse.csr_matrix(
-            (np.ones(len(term_ids), dtype=np.float32), (term_ids, unit_ids)),
-            shape=(len(self.vocab), n_units),
-        )
-        df = np.diff(tf.indptr)
-        idf = np.log1p((n_units - df + 0.5) / (df + 0.5))
-        avgdl = max(float(lengths.mean()), 1.0) if n_units else 1.0
-        norm = k1 * (1.0 - b + b * lengths / avgdl)
-        row_idf = np.repeat(idf, df)
-        counts = tf.data.astype(np.float64)
-        tf.data = (row_idf * counts * (k1 + 1.0) / (counts + norm[tf.indices])).astype(np.float32)
+        term_ids: list[np.ndarray] = [np.zeros(0, dtype=np.int32)]
+        counts: list[np.ndarray] = [np.zeros(0, dtype=np.float32)]
+        lengths: list[int] = []
+        for terms in unit_terms:
+            ids = np.fromiter(
+                (self.vocab.setdefault(t, len(self.vocab)) for t in terms), dtype=np.int32, count=len(terms)
+            )
+            distinct, count = np.unique(ids, return_counts=True)
+            term_ids.append(distinct)
+            counts.append(count.astype(np.float32))
+            lengths.append(len(terms))
+        n_units = len(lengths)
+        # Unit by unit the entries form the columns of the term-by-unit matrix; tocsr() gives
+        # the term rows a query selects, column indices sorted. The per-unit pieces go before
+        # the conversion so that at most two copies of the entries exist at any time.
+        indptr = np.cumsum([0, *(len(t) for t in term_ids[1:])])
+        entries = (_joined(counts), _joined(term_ids), indptr)
+        tf = scipy.sparse.csc_matrix(entries, shape=(len(self.vocab), n_units))
+        del entries
+        tf = tf.tocsr()
+        unit_lengths = np.asarray(lengths, dtype=np.int64)
+        avgdl = max(float(unit_lengths.mean()), 1.0) if n_units else 1.0
+        _bm25_weights(tf, k1 * (1.0 - b + b * unit_lengths / avgdl), k1)
         self.weights = tf
         self.n_units = n_units
 
@@ -156,6 +195,31 @@ class SparseBM25:
         return np.asarray(self.weights[uniq].T @ counts.astype(np.float32), dtype=np.float64)
 
 
+def _joined(pieces: list[np.ndarray]) -> np.ndarray:
+    """The concatenation of ``pieces``, emptying the list: its pieces are freed as soon as they
+    are copied, not after the caller is done."""
+    joined = np.concatenate(pieces)
+    pieces.clear()
+    return joined
+
+
+def _bm25_weights(tf: scipy.sparse.csr_matrix, norm: np.ndarray, k1: float) -> None:
+    """Turn the term counts of ``tf`` (float32) into BM25 weights, in place.
+
+    ``norm[u]`` is ``k1 * (1 - b + b * len(u) / avgdl)``. Each block of entries is computed in
+    float64 and rounded once to float32, so the weights do not depend on the block size.
+    """
+    n_units = tf.shape[1]
+    df = np.diff(tf.indptr)
+    idf = np.log1p((n_units - df + 0.5) / (df + 0.5))
+    data = tf.data
+    for start in range(0, data.size, _WEIGHT_BLOCK):
+        stop = min(start + _WEIGHT_BLOCK, data.size)
+        rows = np.searchsorted(tf.indptr, np.arange(start, stop), side="right") - 1
+        counts = data[start:stop].astype(np.float64)
+        data[start:stop] = idf[rows] * counts * (k1 + 1.0) / (counts + norm[tf.indices[start:stop]])
+
+
 class RankBM25:
     """``rank_bm25.BM25Okapi`` over the analyzer's terms: the reference's library, kept selectable.
 
@@ -163,13 +227,14 @@ class RankBM25:
     so a common query word may add nothing; the sparse backend has no such case.
     """
 
-    def __init__(self, unit_terms: Sequence[list[str]], k1: float, b: float) -> None:
+    def __init__(self, unit_terms: Iterable[Sequence[str]], k1: float, b: float) -> None:
         from rank_bm25 import BM25Okapi
 
+        unit_terms = [list(terms) for terms in unit_terms]  # BM25Okapi keeps every unit's terms
         self.n_units = len(unit_terms)
         # BM25Okapi divides by the vocabulary size: it cannot index a term-less document.
         has_terms = any(unit_terms)
-        self._bm25 = BM25Okapi(list(unit_terms), k1=k1, b=b) if has_terms else None
+        self._bm25 = BM25Okapi(unit_terms, k1=k1, b=b) if has_terms else None
 
     def scores(self, terms: list[str]) -> np.ndarray:
         if self._bm25 is None or not terms:
@@ -192,12 +257,16 @@ class BM25Index:
 
     @classmethod
     def build(cls, unit_texts: Sequence[str], cfg: RetrievalConfig) -> "BM25Index":
-        """Analyze every unit and build the backend named by ``cfg.backend``."""
+        """Analyze every unit and build the backend named by ``cfg.backend``.
+
+        ``unit_texts`` is iterated once, unit by unit (a lazy :class:`~.document.UnitTexts`
+        decodes in batches), and kept for reranking, which reads a few units by index.
+        """
         if len(unit_texts) == 0:
             raise ValueError("unit_texts: expected at least one retrieval unit, got an empty sequence")
         cfg.validate("retrieval")  # ConfigError naming the field (backend, k1, b, ...)
         analyzer = get_analyzer(cfg.stem, cfg.stopwords)
-        unit_terms = [analyzer.analyze(text) for text in unit_texts]
+        unit_terms = (analyzer.analyze(text) for text in unit_texts)
         scorer = _BACKENDS[cfg.backend](unit_terms, k1=cfg.k1, b=cfg.b)
         return cls(unit_texts, analyzer, scorer, cfg)
 
