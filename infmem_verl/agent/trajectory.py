@@ -97,7 +97,7 @@ class Trajectory:
 
     agent: Literal["infmem", "memagent"]
     question: str
-    turns: list[Turn]
+    turns: list[Turn] = field(repr=False)  # megabytes for a 1M-token run; summary() says it short
     num_chunks: int
     stop_step: int | None
     answer_text: str  # the answer turn's output (after </think>)
