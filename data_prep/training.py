@@ -143,21 +143,35 @@ def read_training_set(path: str | os.PathLike) -> Iterator[QASample]:
     The context comes from the ``context`` column when the file has it, from the document
     store otherwise.
     """
+    for where, row in training_rows(path):
+        yield training_sample(row, where)
+
+
+def training_rows(path: str | os.PathLike) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(where, row)`` for every row of a training parquet, one row group at a time.
+
+    Separate from :func:`training_sample` so a reader that must survive a bad row (distillation
+    records it and goes on) can convert each row on its own.
+    """
     handle = pq.ParquetFile(os.fspath(path))
-    inline = "context" in handle.schema_arrow.names
     for group in range(handle.num_row_groups):
         for number, row in enumerate(handle.read_row_group(group).to_pylist()):
-            info = dict(row["extra_info"])
-            context = row["context"] if inline else resolve(row["document_ref"])
-            meta = {k: v for k, v in info.items() if k not in ("id", "source", "question")}
-            yield QASample.from_record(
-                {
-                    "id": info["id"],
-                    "question": row["prompt"][-1]["content"],
-                    "answers": list(row["reward_model"]["ground_truth"]),
-                    "context": context,
-                    "source": row["data_source"],
-                    "meta": meta,
-                },
-                where=f"{path} row group {group} row {number}",
-            )
+            yield f"{path} row group {group} row {number}", row
+
+
+def training_sample(row: dict[str, Any], where: str) -> QASample:
+    """The sample of one training-file row (context inline or from the document store)."""
+    info = dict(row["extra_info"])
+    context = row["context"] if "context" in row else resolve(row["document_ref"])
+    meta = {k: v for k, v in info.items() if k not in ("id", "source", "question")}
+    return QASample.from_record(
+        {
+            "id": info["id"],
+            "question": row["prompt"][-1]["content"],
+            "answers": list(row["reward_model"]["ground_truth"]),
+            "context": context,
+            "source": row["data_source"],
+            "meta": meta,
+        },
+        where=where,
+    )

@@ -107,12 +107,16 @@ class Runner:
             transient = isinstance(err, PolicyError) and err.kind in TRANSIENT_KINDS
             fields = _failed(f"{type(err).__name__}: {err}", transient)
         else:
-            fields = _scored(outcome, sample)
+            fields = self.record_fields(outcome, sample)
         finally:
             slots.release()
         fields.update(started_at=started_at, finished_at=time.time(), latency_s=time.perf_counter() - started)
         self._write(key, fields)
         bar.update()
+
+    def record_fields(self, outcome: Any, sample: QASample) -> dict[str, Any]:
+        """The fields of a finished sample's record (distillation records other fields)."""
+        return _scored(outcome, sample)
 
     def _fail_cell(self, source: CellSource, method: str, reason: str) -> None:
         # Transient: the file may be there next time; a resume should look again.

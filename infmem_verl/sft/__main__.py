@@ -1,0 +1,5 @@
+"""``python -m infmem_verl.sft``: see :mod:`infmem_verl.sft.launch`."""
+
+from infmem_verl.sft.launch import main
+
+main()

@@ -1,0 +1,214 @@
+"""Entry point of the SFT warm-up: verl's SFT trainer on our distilled samples.
+
+    torchrun --standalone --nproc_per_node=8 -m infmem_verl.sft +recipe=sft_4b [key=value ...]
+    python -m infmem_verl.sft +recipe=sft_smoke                  # CPU: tiny model, a few steps
+    python -m infmem_verl.sft +recipe=sft_4b dry_run=true        # compose + validate, start nothing
+
+A sibling of ``python -m infmem_verl.main`` rather than a recipe of it: the SFT trainer is a
+different verl program (``verl.trainer.sft_trainer``, launched by torchrun, config
+``sft_trainer_engine``), so composing it under the PPO config would only bring in keys it does
+not read. The config is verl's ``sft_trainer_engine`` composed with ``infmem_verl/conf/sft``.
+
+Before anything starts, :func:`prepare_sft_config` checks what verl would only find out on the
+workers, or never: the files exist and hold token columns, the longest sample fits
+``data.max_length``, the batch is not larger than the data, the model's chat template is the
+one the samples were built with, the dataset class imports and the optimizer settings are
+valid. Then verl's ``run_sft`` runs on GPUs; without one, the CPU loop of
+:mod:`infmem_verl.sft.cpu`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import hydra
+import pyarrow.parquet as pq
+from omegaconf import DictConfig, OmegaConf
+
+from infmem_verl.agent.config import ConfigError
+
+from .samples import TokenizerStamp, longest_sample, read_stamp
+
+BACKENDS = ("auto", "cpu", "gpu")
+
+
+@dataclass
+class PreparedSFT:
+    """What :func:`prepare_sft_config` found and derived, printed before the run."""
+
+    backend: str
+    model_path: str
+    train_files: list[str]
+    val_files: list[str]
+    train_samples: int
+    longest_sample: int
+    steps: int
+    tokenizer_check: str
+    notes: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        return [
+            f"backend {self.backend}, model {self.model_path}",
+            f"train {self.train_samples} samples in {self.train_files}; val {self.val_files or 'none'}",
+            f"longest sample {self.longest_sample} tokens; {self.steps} optimizer steps",
+            f"tokenizer: {self.tokenizer_check}",
+            *self.notes,
+        ]
+
+
+def prepare_sft_config(config: DictConfig, gpus: int | None = None) -> PreparedSFT:
+    """Validate ``config`` and fill derived values in place; ConfigError names the key."""
+    backend = select_backend(config, gpus)
+    if config.sft.tiny_model:
+        from infmem_verl.assets import tiny_qwen3_dir
+
+        config.model.path = str(tiny_qwen3_dir())
+    if not config.model.path:
+        raise ConfigError("model.path: expected the model to fine-tune (a local folder or a hub name such as Qwen/Qwen3-4B)")
+    token_level = _dataset_class(config)
+    train = _files(config, "data.train_files", required=True)
+    val = _files(config, "data.val_files", required=False)
+    rows = sum(pq.ParquetFile(path).metadata.num_rows for path in train)
+    if rows < int(config.data.train_batch_size):
+        raise ConfigError(f"data.train_batch_size: {config.data.train_batch_size} is more than the {rows} training samples")
+    longest = 0
+    if token_level:
+        for path in train + val:
+            _check_columns(path)
+        longest = longest_sample(train + val)
+        if config.data.truncation == "error" and longest > int(config.data.max_length):
+            raise ConfigError(
+                f"data.max_length: {config.data.max_length} is less than the longest sample ({longest} tokens); "
+                "raise it, or distill with --max-length to leave long samples out"
+            )
+    check = _check_tokenizer(config, train + val)
+    _check_optim(config)
+    per_epoch = rows // int(config.data.train_batch_size)
+    steps = config.trainer.total_training_steps or per_epoch * int(config.trainer.total_epochs)
+    return PreparedSFT(backend, str(config.model.path), train, val, rows, longest, int(steps), check)
+
+
+def select_backend(config: DictConfig, gpus: int | None = None) -> str:
+    """``cpu`` or ``gpu`` for ``sft.backend`` on a machine with ``gpus`` GPUs (default: visible)."""
+    requested = OmegaConf.select(config, "sft.backend", default="auto")
+    if requested not in BACKENDS:
+        raise ConfigError(f"sft.backend: expected one of {list(BACKENDS)}, got {requested!r}")
+    if gpus is None:
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if requested == "gpu" and gpus == 0:
+        raise ConfigError(
+            f"sft.backend: recipe {config.recipe_name} needs GPUs and none is visible; "
+            "on this machine run `python -m infmem_verl.sft +recipe=sft_smoke`"
+        )
+    if requested == "auto":
+        return "gpu" if gpus else "cpu"
+    return requested
+
+
+def _dataset_class(config: DictConfig) -> bool:
+    """Import ``data.custom_cls``; True when it serves our token columns."""
+    from verl.utils.import_utils import load_extern_object
+
+    from .dataset import TokenSFTDataset
+
+    custom = config.data.custom_cls
+    if not custom.get("path"):
+        return False
+    try:
+        cls = load_extern_object(custom.path, custom.name)
+    except (ImportError, AttributeError, FileNotFoundError, RuntimeError) as err:
+        raise ConfigError(f"data.custom_cls: cannot load {custom.name} from {custom.path}: {err}") from None
+    return isinstance(cls, type) and issubclass(cls, TokenSFTDataset)
+
+
+def _files(config: DictConfig, key: str, required: bool) -> list[str]:
+    value = OmegaConf.select(config, key)
+    files = [] if value is None else [value] if isinstance(value, str) else list(value)
+    if required and not files:
+        raise ConfigError(f"{key}: expected at least one SFT parquet file")
+    paths = [os.path.expanduser(str(f)) for f in files]
+    for path in paths:
+        if not os.path.isfile(path):
+            raise ConfigError(f"{key}: {path} not found; build it with `python -m infmem_verl.distill`")
+    return paths
+
+
+def _check_columns(path: str) -> None:
+    names = pq.read_schema(path).names
+    for column in ("input_ids", "loss_mask", "num_tokens"):
+        if column not in names:
+            raise ConfigError(f"data: {path} lacks column {column!r} (it has {names}); build it with `python -m infmem_verl.distill`")
+
+
+def _check_tokenizer(config: DictConfig, paths: list[str]) -> str:
+    """Compare the model's tokenizer with the one every file was built with (local models only)."""
+    folder = Path(os.path.expanduser(str(config.model.get("tokenizer_path") or config.model.path)))
+    if not folder.is_dir():
+        return f"not checked ({folder} is not a local folder)"
+    from infmem_verl.assets import load_tokenizer
+
+    mine = TokenizerStamp.of(load_tokenizer(str(folder)))
+    for path in paths:
+        stamp = read_stamp(path)
+        if stamp is None:
+            return f"not checked ({path} carries no tokenizer stamp)"
+        if stamp.chat_template_sha256 != mine.chat_template_sha256 or stamp.vocab_size != mine.vocab_size:
+            raise ConfigError(
+                f"model.path: {folder}'s tokenizer (vocabulary {mine.vocab_size}) or chat template differs from "
+                f"the one {path} was built with ({stamp.name}, vocabulary {stamp.vocab_size}); distill with "
+                "--tokenizer set to the student's tokenizer"
+            )
+    return "matches the samples' (chat template and vocabulary)"
+
+
+def _check_optim(config: DictConfig) -> None:
+    """Build verl's optimizer config the way its trainer will (its checks are bare asserts)."""
+    from hydra.errors import InstantiationException
+    from verl.utils.config import omega_conf_to_dataclass
+
+    try:
+        omega_conf_to_dataclass(config.optim)
+    except (AssertionError, ValueError, TypeError, InstantiationException) as err:
+        cause = err.__cause__ if isinstance(err, InstantiationException) and err.__cause__ else err
+        raise ConfigError(
+            f"optim: verl rejects these settings ({type(cause).__name__}: {cause}); e.g. lr_scheduler_type "
+            f"must be constant or cosine, got {config.optim.get('lr_scheduler_type')!r}"
+        ) from None
+
+
+def run(config: DictConfig):
+    """Prepare ``config``, then train (or, with ``dry_run``, stop after the checks)."""
+    prepared = prepare_sft_config(config)
+    for line in prepared.lines():
+        print(f"[sft] {line}")
+    if config.dry_run:
+        return prepared
+    if prepared.backend == "cpu":
+        from .cpu import train_on_cpu
+
+        return train_on_cpu(config)
+    if "RANK" not in os.environ:
+        raise ConfigError(
+            "launch: verl's SFT trainer runs under torchrun: "
+            f"torchrun --standalone --nproc_per_node={config.trainer.n_gpus_per_node} -m infmem_verl.sft +recipe={config.recipe_name}"
+        )
+    from verl.trainer.sft_trainer import run_sft
+    from verl.utils.device import auto_set_device
+
+    auto_set_device(config)
+    run_sft(config)
+    return prepared
+
+
+@hydra.main(config_path="../conf/sft", config_name="sft_trainer", version_base=None)
+def main(config: DictConfig) -> None:
+    try:
+        run(config)
+    except ConfigError as err:
+        print(f"[sft] {err}", file=sys.stderr)
+        sys.exit(2)
