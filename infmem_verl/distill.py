@@ -548,10 +548,11 @@ async def open_teacher(cfg: DistillConfig) -> TeacherModel:
         policy = TransformersPolicy.from_pretrained(model_dir, seed=cfg.seed, max_batch=cfg.concurrency)
         tokenizer = load_tokenizer(str(cfg.tokenizer)) if cfg.tokenizer else policy.tokenizer
         return TeacherModel(policy, tokenizer, f"in-process:{Path(model_dir).name}")
-    from infmem_verl.policy.openai import OpenAIPolicy, PolicyError
+    from infmem_verl.policy.openai import OpenAIPolicy
 
     tokenizer = load_tokenizer(str(cfg.tokenizer) if cfg.tokenizer else None)
-    policy = OpenAIPolicy(
+    policy, info = await OpenAIPolicy.connect(
+        "distill",
         cfg.endpoints,
         end_token_ids(tokenizer),
         cfg.model,
@@ -561,11 +562,6 @@ async def open_teacher(cfg: DistillConfig) -> TeacherModel:
         max_concurrency=cfg.concurrency,
         seed=cfg.seed,
     )
-    try:
-        info = await policy.server_info()
-    except PolicyError as err:
-        await policy.close()
-        raise SystemExit(f"[distill] cannot reach the teacher ({err}); nothing was run") from None
     return TeacherModel(policy, tokenizer, info.model)
 
 

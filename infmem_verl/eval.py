@@ -178,10 +178,11 @@ async def _policy(cfg: EvalConfig):
         tokenizer = load_tokenizer(str(cfg.tokenizer)) if cfg.tokenizer else policy.tokenizer
         window = cfg.context_window or policy.model.config.max_position_embeddings
         return policy, tokenizer, f"in-process:{Path(model_dir).name}", window
-    from infmem_verl.policy.openai import OpenAIPolicy, PolicyError
+    from infmem_verl.policy.openai import OpenAIPolicy
 
     tokenizer = load_tokenizer(str(cfg.tokenizer) if cfg.tokenizer else None)
-    policy = OpenAIPolicy(
+    policy, info = await OpenAIPolicy.connect(
+        "eval",
         cfg.endpoints,
         end_token_ids(tokenizer),
         cfg.model,
@@ -190,11 +191,6 @@ async def _policy(cfg: EvalConfig):
         backoff_s=cfg.backoff_s,
         max_concurrency=cfg.concurrency,
     )
-    try:
-        info = await policy.server_info()
-    except PolicyError as err:
-        await policy.close()
-        raise SystemExit(f"[eval] cannot reach the model server ({err}); nothing was run") from None
     return policy, tokenizer, info.model, cfg.context_window or info.max_model_len or FALLBACK_WINDOW
 
 

@@ -43,7 +43,7 @@ class ResultStore:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.out_dir / RESULTS
         self._check_manifest(json.loads(json.dumps(protocol)))
-        self.dropped_tail = _drop_cut_tail(self.path)
+        self.dropped_tail = drop_cut_tail(self.path)
         self.records: dict[Key, dict[str, Any]] = {}
         for record in _read_records(self.path):
             self.records[Key.of(record)] = record
@@ -75,15 +75,7 @@ class ResultStore:
 
     def append(self, record: Mapping[str, Any]) -> None:
         """Write ``record`` durably as one line (one write call on an O_APPEND file)."""
-        line = (json.dumps({"v": RECORD_VERSION, **record}, ensure_ascii=False) + "\n").encode("utf-8")
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            written = os.write(fd, line)
-            if written != len(line):
-                raise OSError(f"{self.path}: short write ({written} of {len(line)} bytes)")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        append_line(self.path, json.dumps({"v": RECORD_VERSION, **record}, ensure_ascii=False))
         self.records[Key.of(record)] = dict(record)
 
     def latest(self) -> list[dict[str, Any]]:
@@ -91,7 +83,23 @@ class ResultStore:
         return list(self.records.values())
 
 
-def _drop_cut_tail(path: Path) -> bool:
+def append_line(path: Path, text: str) -> None:
+    """Append ``text`` and a newline durably: one write call on an O_APPEND file, then fsync.
+
+    A kill can only leave a cut last line, which :func:`drop_cut_tail` removes on reopen.
+    """
+    line = (text + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        written = os.write(fd, line)
+        if written != len(line):
+            raise OSError(f"{path}: short write ({written} of {len(line)} bytes)")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def drop_cut_tail(path: Path) -> bool:
     """Cut a last line that a kill left without its newline; True when one was dropped."""
     if not path.is_file() or path.stat().st_size == 0:
         return False

@@ -42,6 +42,9 @@ _RETRYABLE: frozenset[ErrorKind] = frozenset({"unreachable", "timeout", "server_
 _BODY_CHARS = 300
 
 
+# Seconds a failed endpoint is avoided while healthy ones remain (after its backoff).
+COOLDOWN_S = 1.0
+
 class PolicyError(RuntimeError):
     """A generate call failed; ``kind`` classifies it, the message names the endpoint and why."""
 
@@ -187,6 +190,20 @@ class OpenAIPolicy:
 
     # ------------------------------------------------------------------------------ server info
 
+    @classmethod
+    async def connect(cls, who: str, *args: Any, **kwargs: Any) -> tuple["OpenAIPolicy", ServerInfo]:
+        """A policy (``OpenAIPolicy(*args, **kwargs)``) whose server answered ``/v1/models``.
+
+        An unreachable server ends the program with a message naming ``who`` (the caller, e.g.
+        ``eval``) before anything ran, rather than every sample failing one by one.
+        """
+        policy = cls(*args, **kwargs)
+        try:
+            return policy, await policy.server_info()
+        except PolicyError as err:
+            await policy.close()
+            raise SystemExit(f"[{who}] cannot reach the model server ({err}); nothing was run") from None
+
     async def server_info(self) -> ServerInfo:
         """The served model's name and context length from ``/v1/models`` (asked once)."""
         self._ensure_session()
@@ -286,7 +303,9 @@ class OpenAIPolicy:
                     raise PolicyError(error.kind, error.endpoint, f"{error} (after {attempt + 1} attempts)") from None
                 raise error
             delay = self._rng.uniform(0, min(self.max_backoff_s, self.backoff_s * 2**attempt))
-            endpoint.cool_until = time.monotonic() + max(delay, self.backoff_s)
+            # Avoided past this call's own retry (which wakes after ``delay``), for at least
+            # COOLDOWN_S: other endpoints take the traffic, however slow the event loop is.
+            endpoint.cool_until = time.monotonic() + delay + max(self.backoff_s, COOLDOWN_S)
             attempt += 1
             self.stats.retries += 1
             prefer = None

@@ -34,7 +34,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from infmem_verl.agent.trajectory import Turn
-from infmem_verl.evaluation.store import _drop_cut_tail  # the result store's own recovery
+from infmem_verl.evaluation.store import append_line, drop_cut_tail
 
 TURN_KINDS = ("prethink", "write", "answer")
 TURNS_FILE = "turns.jsonl"
@@ -147,20 +147,12 @@ class TurnStore:
     def __init__(self, out_dir: str | os.PathLike):
         self.path = Path(out_dir) / TURNS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.dropped_tail = _drop_cut_tail(self.path)
+        self.dropped_tail = drop_cut_tail(self.path)
 
     def append(self, ref: str, sample_id: str, turns: Sequence[TurnRecord]) -> None:
         """Write one trajectory's turns durably, as a single line, under reference ``ref``."""
         entry = {"ref": ref, "sample_id": sample_id, "turns": [turn.to_json() for turn in turns]}
-        line = (json.dumps(entry) + "\n").encode("utf-8")
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            written = os.write(fd, line)
-            if written != len(line):
-                raise OSError(f"{self.path}: short write ({written} of {len(line)} bytes)")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        append_line(self.path, json.dumps(entry))
 
     def entries(self) -> Iterator[tuple[str, object]]:
         """``(where, entry)`` for every line, decoded; a line that is not JSON comes as a string."""
