@@ -1,7 +1,8 @@
 """Hydra entry point: verl's PPO trainer with InfMem / MemAgent agent loops and reward.
 
+    python -m infmem_verl.main +recipe=smoke                   # CPU or GPU, builds its own inputs
     python -m infmem_verl.main +recipe=infmem_4b [key=value ...]
-    python -m infmem_verl.main +recipe=infmem_4b dry_run=true      # compose + validate, start nothing
+    python -m infmem_verl.main +recipe=infmem_4b dry_run=true  # compose + validate, start nothing
 
 The config is verl's ``ppo_trainer`` composed with ``infmem_verl/conf`` (groups ``agent``,
 ``reward_fn``, ``recipe``). Before any worker starts, :func:`prepare_config` checks what verl
@@ -10,11 +11,17 @@ reward components and trainer mode are registered/importable, the agent budgets 
 size ``rollout.prompt_length`` / ``response_length``), and the dataset files have the columns the
 agent loops read. Then verl's own ``validate_config`` runs, and (unless ``dry_run``) verl's
 ``run_ppo`` with its v1 task runner.
+
+A recipe with ``infmem.bootstrap`` (the smoke recipe) first builds its missing inputs: the tiny
+Qwen3 and synthetic data files. ``infmem.backend`` (:mod:`infmem_verl.cpu.backend`) picks stock
+verl on GPUs or the CPU backend, and says which; a GPU recipe on a machine without a GPU stops
+with the recipe to use instead. Ctrl-C stops every Ray process the run started.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +29,8 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from infmem_verl.agent.config import ConfigError
+from infmem_verl.cpu.backend import apply_cpu_backend, select_backend
+from infmem_verl.cpu.bootstrap import bootstrap_inputs
 from infmem_verl.reward.components import load_components
 from infmem_verl.rollout.settings import (
     agent_settings,
@@ -123,21 +132,48 @@ def check_datasets(config: DictConfig) -> tuple[list[str], list[str]]:
 
 def run(config: DictConfig) -> PreparedRun:
     """Prepare, validate with verl, and train (or stop there with ``dry_run=true``)."""
-    from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
     from verl.utils.device import auto_set_device
 
+    if not config.dry_run:
+        for line in bootstrap_inputs(config):
+            print(f"[infmem] {line}", flush=True)
     prepared = prepare_config(config)
     if prepared.missing_files and not config.dry_run:
         raise ConfigError(f"data.train_files / data.val_files: not found: {prepared.missing_files}")
+    backend = None if config.dry_run else select_backend(config)
     auto_set_device(config)
     validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     if config.dry_run:
         print(f"[infmem dry run] recipe={config.recipe_name} {prepared}")
         return prepared
-    run_ppo(config, task_runner_class=TaskRunnerV1)
+    print(backend.message, flush=True)
+    if backend.name == "cpu":
+        apply_cpu_backend(config)
+    train(config)
     return prepared
+
+
+def train(config: DictConfig) -> None:
+    """verl's ``run_ppo`` with its v1 task runner; the Ray session it starts ends with it.
+
+    On Ctrl-C (or any error) every Ray process this call started - task runner, TransferQueue,
+    agent-loop and reward workers, generation actor - is stopped; a Ray session the caller
+    started is left to the caller.
+    """
+    import ray
+    from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
+
+    owns_ray = not ray.is_initialized()
+    try:
+        run_ppo(config, task_runner_class=TaskRunnerV1)
+    except KeyboardInterrupt:
+        print("[infmem] interrupted: stopping the Ray workers this run started", file=sys.stderr, flush=True)
+        raise
+    finally:
+        if owns_ray and ray.is_initialized():
+            ray.shutdown()
 
 
 @hydra.main(config_path="conf", config_name="infmem_trainer", version_base=None)

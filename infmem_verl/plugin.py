@@ -5,7 +5,8 @@ TaskRunner, the agent-loop and reward-loop workers (Ray actors). Importing this 
 
 * agent loops ``infmem_agent`` and ``memagent_agent`` (:mod:`infmem_verl.rollout.agent_loop`),
 * reward manager ``infmem`` (:mod:`infmem_verl.reward.manager`),
-* trainer mode ``infmem_sync`` (:mod:`infmem_verl.rollout.trainer`).
+* trainer mode ``infmem_sync`` (:mod:`infmem_verl.rollout.trainer`),
+* trainer mode ``infmem_cpu``, the CPU backend (:mod:`infmem_verl.cpu.trainer`).
 
 verl logs plugin import errors only at DEBUG level, so a failure here is logged as an error
 (with its traceback) before verl swallows it; otherwise the loops would silently be missing.
@@ -20,11 +21,12 @@ REGISTERING_MODULES = (
     "infmem_verl.rollout.agent_loop",
     "infmem_verl.reward.manager",
     "infmem_verl.rollout.trainer",
+    "infmem_verl.cpu.trainer",
 )
 
 AGENT_LOOPS = ("infmem_agent", "memagent_agent")
 REWARD_MANAGERS = ("infmem",)
-TRAINER_MODES = ("infmem_sync",)
+TRAINER_MODES = ("infmem_sync", "infmem_cpu")
 
 
 def register() -> None:

@@ -1,0 +1,143 @@
+"""Which backend trains: stock verl on GPUs, or the CPU backend of this package.
+
+``infmem.backend`` is ``auto`` (GPU when one is visible, else CPU), ``gpu`` or ``cpu``. Recipes
+sized for GPUs (``infmem_4b`` and those built on it) say ``gpu``; on a machine without one they
+stop with the recipe to use instead. The choice is printed before anything starts.
+
+The CPU backend is verl's v1 sync trainer with two pieces swapped (trainer mode ``infmem_cpu``,
+see :mod:`infmem_verl.cpu.trainer`); :func:`apply_cpu_backend` selects it and derives what a
+laptop needs, and :func:`check_cpu_support` rejects the features it does not provide, by key.
+No verl import: this runs before verl is asked for anything.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from infmem_verl.agent.config import ConfigError, from_mapping
+
+BACKENDS = ("auto", "cpu", "gpu")
+CPU_TRAINER_MODE = "infmem_cpu"
+# Ray CPUs are logical: the pipeline's actors (task runner, TransferQueue controller and storage,
+# agent-loop and reward workers, the generation actor, the load balancer) each reserve one, and
+# with the machine's real count (2 on a small laptop) they would wait for each other forever.
+MIN_RAY_CPUS = 16
+
+
+@dataclass(frozen=True)
+class Backend:
+    """The selected backend, the GPUs it sees, and the line printed before the run."""
+
+    name: str  # "cpu" | "gpu"
+    gpus: int
+    message: str
+
+
+def visible_gpus() -> int:
+    """CUDA devices torch can use here (0 without a GPU or a CUDA build)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def cpu_recipe_hint(config: DictConfig) -> str:
+    """The command that runs the same agent on CPU."""
+    memagent = config.actor_rollout_ref.rollout.agent.default_agent_loop == "memagent_agent"
+    return "python -m infmem_verl.main +recipe=smoke" + (" agent=memagent" if memagent else "")
+
+
+def select_backend(config: DictConfig, gpus: int | None = None) -> Backend:
+    """The backend for ``config`` on a machine with ``gpus`` GPUs (default: the visible ones).
+
+    A recipe that needs GPUs (``infmem.backend=gpu``) on a machine without one is a
+    :class:`ConfigError` naming the recipe to run instead.
+    """
+    requested = OmegaConf.select(config, "infmem.backend", default="auto")
+    if requested not in BACKENDS:
+        raise ConfigError(f"infmem.backend: expected one of {list(BACKENDS)}, got {requested!r}")
+    gpus = visible_gpus() if gpus is None else gpus
+    if requested == "gpu" and gpus == 0:
+        needed = config.trainer.n_gpus_per_node * config.trainer.nnodes
+        raise ConfigError(
+            f"infmem.backend: recipe {config.recipe_name!r} trains on GPUs ({needed} x GPU, vLLM + FSDP) and this "
+            f"machine has none; on CPU run `{cpu_recipe_hint(config)}` instead"
+        )
+    if requested == "gpu" or (requested == "auto" and gpus > 0):
+        return Backend(
+            "gpu",
+            gpus,
+            f"[infmem] backend: gpu - stock verl (vLLM rollout + FSDP update) on {gpus} visible GPU(s), "
+            f"trainer mode {config.trainer.v1.trainer_mode}",
+        )
+    reason = "infmem.backend=cpu" if requested == "cpu" else "no GPU visible"
+    return Backend(
+        "cpu",
+        gpus,
+        f"[infmem] backend: cpu ({reason}) - verl's sync trainer, config, dataset, TransferQueue, agent and "
+        f"reward loops, GRPO, policy loss and KL; generation by a transformers Ray actor, updates by a "
+        f"single-process torch engine (trainer mode {CPU_TRAINER_MODE})",
+    )
+
+
+def check_cpu_support(config: DictConfig) -> None:
+    """Reject, by key, what the CPU backend does not provide (before any worker starts)."""
+    from_model = config.actor_rollout_ref.model
+    lora = OmegaConf.select(from_model, "lora.rank", default=0) or from_model.get("lora_rank", 0)
+    unsupported = [
+        (config.algorithm.adv_estimator == "gae", "algorithm.adv_estimator", "a critic-free estimator such as grpo"),
+        (bool(config.reward.reward_model.enable), "reward.reward_model.enable", "false (rule-based reward only)"),
+        (bool(OmegaConf.select(config, "distillation.enabled", default=False)), "distillation.enabled", "false"),
+        (bool(lora), "actor_rollout_ref.model.lora.rank", "0 (full fine-tuning only)"),
+        (config.trainer.save_freq > 0, "trainer.save_freq", "<= 0 (the CPU backend saves no checkpoints)"),
+        (
+            config.trainer.resume_mode != "disable",
+            "trainer.resume_mode",
+            "disable (the CPU backend starts from actor_rollout_ref.model.path)",
+        ),
+    ]
+    for failed, key, expected in unsupported:
+        if failed:
+            raise ConfigError(f"{key}: the CPU backend needs {expected}, got {OmegaConf.select(config, key)!r}")
+
+
+def apply_cpu_backend(config: DictConfig) -> None:
+    """Select the CPU trainer mode and derive the Ray settings a small machine needs (in place).
+
+    Unless set: Ray gets :data:`MIN_RAY_CPUS` logical CPUs, and no dashboard (a dozen processes
+    and seconds of start-up a laptop run does not need; ``+ray_kwargs.ray_init.include_dashboard=true``
+    brings it back).
+    """
+    check_cpu_support(config)
+    with open_dict(config):
+        config.trainer.v1.trainer_mode = CPU_TRAINER_MODE
+        ray_init = config.ray_kwargs.ray_init
+        if ray_init.get("num_cpus") is None:
+            ray_init.num_cpus = max(MIN_RAY_CPUS, os.cpu_count() or 1)
+        if ray_init.get("include_dashboard") is None:
+            ray_init.include_dashboard = False
+
+
+@dataclass(frozen=True)
+class CPUSettings:
+    """``infmem.cpu``: torch threads of the generation actor and engine, generation batch size."""
+
+    threads: int | None = None  # None: every core
+    max_batch: int = 8
+
+    def validate(self, path: str) -> CPUSettings:
+        threads = self.threads
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise ConfigError(f"{path}.threads: expected an integer >= 1 or null (all cores), got {threads!r}")
+        if self.max_batch < 1:
+            raise ConfigError(f"{path}.max_batch: expected an integer >= 1, got {self.max_batch!r}")
+        return self
+
+
+def cpu_settings(config: DictConfig) -> CPUSettings:
+    path = "infmem.cpu"
+    node = OmegaConf.select(config, path, default=None)
+    data = OmegaConf.to_container(node, resolve=True) if node is not None else None
+    return from_mapping(CPUSettings, data, path).validate(path)

@@ -1,0 +1,94 @@
+"""Self-contained runs: build the inputs a recipe needs when they are absent (``infmem.bootstrap``).
+
+The smoke recipe must run on a fresh machine with no model hub and no dataset: with
+``infmem.bootstrap`` set, a null ``actor_rollout_ref.model.path`` becomes the tiny random Qwen3
+(real Qwen3 tokenizer) built locally, and missing train/val parquet files are written with
+synthetic two-hop questions over real Wikipedia text (documents by reference, as
+``python -m infmem_verl.rollout.dataset --synthetic`` writes them). Existing files are used as
+they are. Relative data paths are made absolute, since Ray workers need not share the launcher's
+working directory.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from infmem_verl.agent.config import ConfigError, from_mapping
+
+# Validation samples are drawn from another seed than training ones, so the two never overlap.
+VAL_SEED_OFFSET = 1000
+
+
+@dataclass(frozen=True)
+class BootstrapSettings:
+    """``infmem.bootstrap``: what to build when missing."""
+
+    model: Literal["tiny_qwen3"] = "tiny_qwen3"  # used when actor_rollout_ref.model.path is null
+    train_samples: int = 4
+    val_samples: int = 2
+    doc_tokens: int = 16000
+    seed: int = 0
+
+    def validate(self, path: str) -> BootstrapSettings:
+        for name in ("train_samples", "val_samples", "doc_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{path}.{name}: expected an integer >= 1, got {getattr(self, name)!r}")
+        return self
+
+
+def bootstrap_settings(config: DictConfig) -> BootstrapSettings | None:
+    """The validated ``infmem.bootstrap``, or None when the recipe does not bootstrap."""
+    path = "infmem.bootstrap"
+    node = OmegaConf.select(config, path, default=None)
+    if node is None:
+        return None
+    return from_mapping(BootstrapSettings, OmegaConf.to_container(node, resolve=True), path).validate(path)
+
+
+def _single_file(config: DictConfig, key: str) -> str:
+    files = OmegaConf.select(config, key)
+    if not isinstance(files, str):
+        raise ConfigError(f"{key}: infmem.bootstrap writes one parquet file; expected a path, got {files!r}")
+    return os.path.abspath(os.path.expanduser(files))
+
+
+def bootstrap_inputs(config: DictConfig) -> list[str]:
+    """Build what is missing (in place: fills the model path, makes data paths absolute).
+
+    Returns one line per input it provided, for the launcher to print; nothing without
+    ``infmem.bootstrap``.
+    """
+    settings = bootstrap_settings(config)
+    if settings is None:
+        return []
+    provided = []
+    with open_dict(config):
+        if config.actor_rollout_ref.model.path is None:
+            from infmem_verl.assets import tiny_qwen3_dir
+
+            path = str(tiny_qwen3_dir(seed=settings.seed))  # built once, then cached
+            config.actor_rollout_ref.model.path = path
+            provided.append(f"model: tiny random Qwen3 with the real Qwen3 tokenizer at {path}")
+        for key, count, seed in (
+            ("data.train_files", settings.train_samples, settings.seed),
+            ("data.val_files", settings.val_samples, settings.seed + VAL_SEED_OFFSET),
+        ):
+            path = _single_file(config, key)
+            OmegaConf.update(config, key, path)
+            if not os.path.isfile(path):
+                _write_synthetic(path, count, settings.doc_tokens, seed)
+                documents = f"{settings.doc_tokens}-token documents"
+                provided.append(f"{key}: wrote {count} synthetic two-hop questions over {documents} to {path}")
+    return provided
+
+
+def _write_synthetic(path: str, count: int, doc_tokens: int, seed: int) -> None:
+    from infmem_verl.assets import load_tokenizer
+    from infmem_verl.data.synthetic import make_dataset
+    from infmem_verl.rollout.dataset import write_verl_dataset
+
+    write_verl_dataset(make_dataset(count, doc_tokens, load_tokenizer(), seed=seed), path)

@@ -1,0 +1,394 @@
+"""The CPU backend's pieces, without a Ray cluster: engine, generation actor, weight sync, backend
+selection, self-contained inputs, the step report, and the contract with verl's trainer.
+
+The whole pipeline (``python -m infmem_verl.main +recipe=smoke``: learning, weight versions,
+Ctrl-C) runs in tests/test_cpu_training_runs.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import inspect
+import math
+import textwrap
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+
+from infmem_verl.agent.config import ConfigError
+from infmem_verl.assets import wiki_paragraphs
+from infmem_verl.cpu.backend import apply_cpu_backend, check_cpu_support, cpu_settings, select_backend, visible_gpus
+from infmem_verl.cpu.bootstrap import bootstrap_inputs, bootstrap_settings
+from infmem_verl.cpu.engine import TorchEngine
+from infmem_verl.cpu.report import step_line, trajectory_metrics, validation_line
+from infmem_verl.cpu.server import CPUGenerationServer, weights_digest
+from infmem_verl.main import prepare_config, run
+
+
+def make_config(*overrides: str):
+    with initialize_config_module("infmem_verl.conf", version_base=None):
+        return compose("infmem_trainer", overrides=list(overrides))
+
+
+# ----------------------------------------------------------------------- engine and actor
+
+
+def _actor_config(lr: float):
+    """verl's ActorConfig of the smoke recipe, as the trainer builds it."""
+    from verl.utils.config import omega_conf_to_dataclass
+
+    config = make_config(
+        "+recipe=smoke", f"actor_rollout_ref.actor.optim.lr={lr}", "actor_rollout_ref.actor.optim.weight_decay=0"
+    )
+    return omega_conf_to_dataclass(config.actor_rollout_ref.actor)
+
+
+def _prompts(tokenizer, count: int, tokens: int) -> list[list[int]]:
+    """``count`` prompts of real Wikipedia text, ``tokens`` tokens each."""
+    paragraphs = [p["text"] for p in wiki_paragraphs()[:400]]
+    ids = tokenizer("\n\n".join(paragraphs))["input_ids"]
+    return [ids[i * tokens : (i + 1) * tokens] for i in range(count)]
+
+
+@pytest.fixture(scope="module")
+def generation(tiny_model_dir, tokenizer):
+    """The generation actor's class, in-process, and three sampled continuations with log-probs."""
+    server = CPUGenerationServer(str(tiny_model_dir), seed=0, threads=2)
+    prompts = _prompts(tokenizer, 3, 160)
+    sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True, "max_tokens": 12}
+
+    async def sample():
+        calls = [server.generate(f"r{i}", prompt_ids=p, sampling_params=sampling) for i, p in enumerate(prompts)]
+        return await asyncio.gather(*calls)
+
+    outputs = asyncio.run(sample())
+    return server, prompts, outputs
+
+
+def _rows(prompts, outputs, advantages):
+    """Training rows as the actor update reads them from TransferQueue."""
+    rows = []
+    for prompt, output, advantage in zip(prompts, outputs, advantages, strict=True):
+        old = torch.tensor(output.log_probs)
+        rows.append(
+            {
+                "prompts": torch.tensor(prompt),
+                "responses": torch.tensor(output.token_ids),
+                "response_mask": torch.ones(len(output.token_ids), dtype=torch.long),
+                "old_log_probs": old,
+                "advantages": torch.full_like(old, advantage),
+                "ref_log_prob": old.clone(),
+            }
+        )
+    return rows
+
+
+def test_engine_and_generation_actor_agree_before_and_after_a_weight_sync(generation, tiny_model_dir):
+    server, prompts, outputs = generation
+    engine = TorchEngine(str(tiny_model_dir), _actor_config(lr=1e-2))
+    assert weights_digest(engine.model) == server.weights_digest()
+    rows = _rows(prompts, outputs, advantages=[1.0, -1.0, 0.5])
+    served = [torch.tensor(o.log_probs) for o in outputs]
+
+    def gap(scores, reference) -> float:
+        return max(float((s.log_probs - r).abs().max()) for s, r in zip(scores, reference, strict=True))
+
+    # Same weights: the engine recomputes what the actor sampled with.
+    assert gap(engine.score(rows, 1.0, entropy=False), served) < 1e-4
+
+    fields = ["response_mask", "old_log_probs", "advantages", "ref_log_prob"]
+    metrics = engine.train_mini_batch(rows, temperature=1.0, fields=fields)
+    # verl's token-mean over the mini-batch: at ratio 1 the policy loss is -mean advantage per token.
+    tokens = sum(len(o.token_ids) for o in outputs)
+    expected = -sum(a * len(o.token_ids) for a, o in zip([1.0, -1.0, 0.5], outputs, strict=True)) / tokens
+    assert metrics["actor/pg_loss"] == pytest.approx(expected, abs=1e-5)
+    assert metrics["grad_norm"] > 0 and math.isfinite(metrics["loss"])
+
+    # After the update the engine has moved and the actor still serves the old weights...
+    updated = engine.score(rows, 1.0, entropy=False)
+    assert gap(updated, served) > 1e-3
+    stale = [torch.tensor(server.compute_log_probs(p, o.token_ids)) for p, o in zip(prompts, outputs, strict=True)]
+    assert max(float((s - r).abs().max()) for s, r in zip(stale, served, strict=True)) < 1e-4
+
+    # ...until the sync: then both give the same log-probs on the same tokens.
+    digest = server.update_weights(engine.state_dict(), global_steps=1)
+    assert digest == weights_digest(engine.model) == server.weights_digest()
+    synced = [torch.tensor(server.compute_log_probs(p, o.token_ids)) for p, o in zip(prompts, outputs, strict=True)]
+    assert gap(updated, synced) < 1e-5
+    again = asyncio.run(server.generate("r9", prompt_ids=prompts[0], sampling_params={"max_tokens": 2}))
+    assert again.extra_fields["global_steps"] == 1
+
+
+def test_weights_are_not_swapped_under_a_running_generate(generation):
+    server, prompts, _ = generation
+
+    async def race():
+        call = asyncio.create_task(server.generate("x", prompt_ids=prompts[0], sampling_params={"max_tokens": 4}))
+        await asyncio.sleep(0)  # the call is now decoding in the policy's worker thread
+        with pytest.raises(RuntimeError, match="still in flight"):
+            server.update_weights(server.policy.model.state_dict(), global_steps=5)
+        await call
+
+    asyncio.run(race())
+
+
+# ------------------------------------------------------------------------ backend selection
+
+
+@pytest.mark.parametrize(
+    "recipe, hint",
+    [("infmem_4b", r"\+recipe=smoke` instead"), ("memagent_1p7b", r"\+recipe=smoke agent=memagent` instead")],
+)
+def test_a_gpu_recipe_without_a_gpu_names_the_recipe_to_use(recipe, hint):
+    with pytest.raises(ConfigError, match=rf"infmem\.backend: recipe '{recipe}' trains on GPUs .* {hint}"):
+        select_backend(make_config(f"+recipe={recipe}"), gpus=0)
+
+
+def test_backend_is_chosen_by_the_gpus_present_and_says_which():
+    smoke = make_config("+recipe=smoke")
+    cpu = select_backend(smoke, gpus=0)
+    assert cpu.name == "cpu" and "backend: cpu (no GPU visible)" in cpu.message and "infmem_cpu" in cpu.message
+    gpu = select_backend(smoke, gpus=2)
+    assert gpu.name == "gpu" and "stock verl (vLLM rollout + FSDP update) on 2 visible GPU(s)" in gpu.message
+    forced = select_backend(make_config("+recipe=smoke", "infmem.backend=cpu"), gpus=2)
+    assert forced.name == "cpu" and "(infmem.backend=cpu)" in forced.message
+    assert select_backend(make_config("+recipe=infmem_4b"), gpus=8).name == "gpu"
+    with pytest.raises(ConfigError, match=r"infmem\.backend: expected one of \['auto', 'cpu', 'gpu'\], got 'tpu'"):
+        select_backend(make_config("+recipe=smoke", "infmem.backend=tpu"), gpus=0)
+
+
+def test_cpu_backend_selects_its_trainer_mode_and_ray_settings():
+    config = make_config("+recipe=smoke")
+    apply_cpu_backend(config)
+    assert config.trainer.v1.trainer_mode == "infmem_cpu"
+    assert config.ray_kwargs.ray_init.num_cpus >= 16 and config.ray_kwargs.ray_init.include_dashboard is False
+    config = make_config(
+        "+recipe=smoke", "ray_kwargs.ray_init.num_cpus=24", "+ray_kwargs.ray_init.include_dashboard=true"
+    )
+    apply_cpu_backend(config)
+    assert config.ray_kwargs.ray_init.num_cpus == 24 and config.ray_kwargs.ray_init.include_dashboard is True
+    assert cpu_settings(config).max_batch == 8
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("trainer.save_freq=5", r"trainer\.save_freq: the CPU backend needs <= 0 .*got 5"),
+        ("algorithm.adv_estimator=gae", r"algorithm\.adv_estimator: the CPU backend needs a critic-free estimator"),
+        ("trainer.resume_mode=auto", r"trainer\.resume_mode: the CPU backend needs disable"),
+        ("infmem.cpu.threads=0", r"infmem\.cpu\.threads: expected an integer >= 1 or null"),
+        ("+infmem.cpu.gpu=1", r"infmem\.cpu\.gpu: unknown key"),
+    ],
+)
+def test_what_the_cpu_backend_lacks_is_refused_by_key(override, message):
+    config = make_config("+recipe=smoke", override)
+    with pytest.raises(ConfigError, match=message):
+        check_cpu_support(config)
+        cpu_settings(config)
+
+
+@pytest.mark.skipif(visible_gpus() > 0, reason="needs a machine without a GPU")
+def test_launching_a_gpu_recipe_here_stops_before_any_worker(tmp_path, tiny_model_dir):
+    data = tmp_path / "train.parquet"
+    config = make_config("+recipe=smoke", f"data.train_files={data}", f"data.val_files={data}")
+    config.infmem.bootstrap.update({"train_samples": 1, "doc_tokens": 600})
+    config.actor_rollout_ref.model.path = str(tiny_model_dir)
+    bootstrap_inputs(config)  # a valid data file, so that only the backend can stop the run
+    config = make_config("+recipe=memagent_4b", f"data.train_files={data}", f"data.val_files={data}")
+    with pytest.raises(ConfigError, match=r"recipe 'memagent_4b' trains on GPUs.*\+recipe=smoke agent=memagent"):
+        run(config)
+
+
+# ---------------------------------------------------------------------- self-contained inputs
+
+
+def test_bootstrap_builds_missing_data_once_and_keeps_existing_files(tmp_path, tiny_model_dir, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = make_config(
+        "+recipe=smoke",
+        "infmem.bootstrap={model:tiny_qwen3,train_samples:2,val_samples:1,doc_tokens:900,seed:3}",
+        f"actor_rollout_ref.model.path={tiny_model_dir}",
+    )
+    built = bootstrap_inputs(config)
+    train, val = config.data.train_files, config.data.val_files
+    assert train == str(tmp_path / "outputs/smoke/train.parquet") and val == str(tmp_path / "outputs/smoke/val.parquet")
+    assert [line.split(":")[0] for line in built] == ["data.train_files", "data.val_files"]
+    assert pq.read_metadata(train).num_rows == 2 and pq.read_metadata(val).num_rows == 1
+    assert prepare_config(config).checked_files == [train, val]  # the columns our loops read
+    questions = {r["prompt"][0]["content"] for f in (train, val) for r in pq.read_table(f).to_pylist()}
+    assert len(questions) == 3  # validation questions are not training questions
+    again = make_config("+recipe=smoke", f"actor_rollout_ref.model.path={tiny_model_dir}")
+    assert bootstrap_inputs(again) == []
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("infmem.bootstrap.doc_tokens=0", r"infmem\.bootstrap\.doc_tokens: expected an integer >= 1, got 0"),
+        ("infmem.bootstrap.model=llama", r"infmem\.bootstrap\.model: expected one of \['tiny_qwen3'\]"),
+        ("+infmem.bootstrap.samples=3", r"infmem\.bootstrap\.samples: unknown key"),
+    ],
+)
+def test_bad_bootstrap_settings_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=message):
+        bootstrap_settings(make_config("+recipe=smoke", override))
+
+
+# ------------------------------------------------------------------------------- the report
+
+
+def _facts(kind: str, index: int, stop: int | None, calls: int, info: dict | None = None) -> dict:
+    facts = {
+        "agent": "infmem",
+        "turn_index": index,
+        "turn_kind": kind,
+        "chunk_index": 0,
+        "num_chunks": 4,
+        "stop_step": stop,
+        "valid": True,
+        "llm_calls": calls,
+    }
+    return facts | ({"reward_extra_info": info} if info else {})
+
+
+def test_trajectory_metrics_average_over_trajectories_not_sequences():
+    info_a = {"acc": 1.0, "outcome": 1.0, "chunks_read": 2.0, "num_chunks": 4.0}
+    info_b = {"acc": 0.0, "outcome": 0.0, "chunks_read": 4.0, "num_chunks": 4.0}
+    keys = ["u1_0_0", "u1_0_1", "u1_0_2", "u1_1_0", "u1_1_1"]
+    extra = [
+        _facts("prethink", 0, 2, 2, info_a),
+        _facts("write", 1, 2, 2, info_a),
+        _facts("answer", 2, 2, 1, info_a),
+        _facts("write", 0, None, 2, info_b),
+        _facts("answer", 1, None, 2, info_b),
+    ]
+    metrics = trajectory_metrics(keys, extra, scores=[0.9, 0.9, 0.9, 0.1, 0.1])
+    assert metrics["infmem/trajectories"] == 2
+    assert metrics["infmem/reward"] == pytest.approx(0.5) and metrics["infmem/acc"] == pytest.approx(0.5)
+    assert metrics["infmem/chunks_read"] == pytest.approx(3.0) and metrics["infmem/llm_calls"] == pytest.approx(4.5)
+    assert metrics["infmem/stopped"] == pytest.approx(0.5) and metrics["infmem/stop_step"] == 2
+    line = step_line(3, 5, metrics | {"actor/optimizer_steps": 2, "timing_s/step": 12.5}, ["outcome"])
+    assert line.startswith("[infmem cpu] step 3/5 | reward 0.500 (outcome 0.500) | acc 0.500 | chunks read 3.0/4.0")
+    assert "stopped 1/2 at step 2.0 | llm calls 4.5/traj | optimizer steps 2" in line and line.endswith("| 12.5s")
+    val = validation_line({"val-core/hotpot/acc/mean@2": 0.25, "val-aux/hotpot/reward/mean@2": 0.5}, ["reward", "acc"])
+    assert val == "[infmem cpu] validation | reward 0.500 | acc 0.250"
+
+
+# ------------------------------------------------------------ the contract with verl's trainer
+
+# What verl's trainer calls on the objects the CPU trainer replaces, and what stands in for each.
+# A verl release that calls something new (or stops calling something) fails this test, which is
+# the point: the stand-ins must be reviewed against it.
+VERL_CALLS = {
+    # verl's _balance_batch asks the worker group for its data-parallel layout once, then caches
+    # it in _dispatch_info; CPUActorRolloutRef pre-fills the cache (one rank).
+    ("self.actor_rollout_wg", "worker_group"): {
+        "compute_log_prob",
+        "update_actor",
+        "init_model",
+        "load_checkpoint",
+        "save_checkpoint",
+        "start_profile",
+        "stop_profile",
+        "_dispatch_info",
+        "_query_dispatch_info",
+    },
+    ("self.ref_policy_wg",): {"compute_ref_log_prob", "init_model", "start_profile", "stop_profile"},
+    ("self.checkpoint_manager",): {"update_weights", "sleep_replicas"},
+}
+# Calls the CPU backend never reaches: checkpoints are refused by check_cpu_support, profiling is a
+# GPU feature (global_profiler), init_model is part of the GPU _setup that InfMemCPUTrainer replaces.
+NOT_REACHED = {
+    "init_model",
+    "load_checkpoint",
+    "save_checkpoint",
+    "start_profile",
+    "stop_profile",
+    "_query_dispatch_info",
+}
+# Attributes verl's _setup builds that the CPU trainer does not, and every verl method that reads
+# them as ``self.<name>`` (_rollout_server_managers reads llm_server_manager with a getattr default).
+GPU_ONLY_READERS = {
+    "llm_server_manager": {"_setup", "get_llm_client"},
+    "resource_pool_manager": {"_setup", "_init_resource_pool_mgr", "_get_n_gpus_for_throughput"},
+    # Only with a critic, which check_cpu_support refuses.
+    "critic_wg": {
+        "_setup",
+        "_compute_values",
+        "_update_critic",
+        "_load_checkpoint",
+        "_save_checkpoint",
+        "_start_profiling",
+        "_stop_profiling",
+    },
+}
+
+
+def _verl_trainer_sources() -> dict[str, ast.FunctionDef]:
+    from verl.trainer.ppo.v1 import trainer_base, trainer_sync
+
+    methods = {}
+    for module in (trainer_base, trainer_sync):
+        for node in ast.walk(ast.parse(inspect.getsource(module))):
+            if isinstance(node, ast.ClassDef) and node.name in ("PPOTrainer", "PPOTrainerSync"):
+                methods.update({f.name: f for f in node.body if isinstance(f, ast.FunctionDef)})
+    return methods
+
+
+def _attributes_of(tree: ast.AST, owners: tuple[str, ...]) -> set[str]:
+    return {
+        node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute) and ast.unparse(node.value) in owners
+    }
+
+
+def _assigned(tree: ast.AST) -> set[str]:
+    """Attributes assigned as ``self.<name> = ...`` in ``tree``."""
+    return {
+        target.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Attribute) and ast.unparse(target.value) == "self"
+    }
+
+
+def _source_tree(function) -> ast.AST:
+    return ast.parse(textwrap.dedent(inspect.getsource(function)))
+
+
+def _members(cls) -> set[str]:
+    """Methods and class attributes of ``cls``, and the attributes its ``__init__`` sets."""
+    return set(dir(cls)) | _assigned(_source_tree(cls.__init__))
+
+
+def test_verl_trainer_calls_only_what_the_cpu_stand_ins_provide():
+    from infmem_verl.cpu.trainer import InfMemCPUTrainer
+    from infmem_verl.cpu.workers import CPUActorRolloutRef, WeightSync
+
+    methods = _verl_trainer_sources()
+    everything = ast.Module(body=list(methods.values()), type_ignores=[])
+    stand_ins = {
+        ("self.actor_rollout_wg", "worker_group"): CPUActorRolloutRef,
+        ("self.ref_policy_wg",): CPUActorRolloutRef,
+        ("self.checkpoint_manager",): WeightSync,
+    }
+    for owners, expected in VERL_CALLS.items():
+        assert _attributes_of(everything, owners) == expected, f"verl now uses other members of {owners}"
+        missing = expected - _members(stand_ins[owners])
+        assert missing == expected & NOT_REACHED, f"{owners}: the CPU stand-in lacks {sorted(missing - NOT_REACHED)}"
+
+    for attribute, readers in GPU_ONLY_READERS.items():
+        found = {name for name, node in methods.items() if attribute in _attributes_of(node, ("self",))}
+        assert found == readers, f"verl methods reading self.{attribute} changed: {sorted(found)}"
+    # Of those readers, the CPU trainer overrides each one a CPU run reaches.
+    assert {"_setup", "get_llm_client", "_get_n_gpus_for_throughput"} <= set(vars(InfMemCPUTrainer))
+
+    # The CPU _setup calls verl's own _setup helpers and sets every attribute verl's _setup sets,
+    # except the GPU-only ones.
+    ours = _source_tree(InfMemCPUTrainer._setup)
+    called = {n.func.attr for n in ast.walk(ours) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
+    assert {"_init_tokenizer", "_init_dataloader", "_init_dump_executor", "_load_checkpoint"} <= called & set(methods)
+    assert _assigned(methods["_setup"]) - _assigned(ours) == {"resource_pool_to_cls", "critic_wg", "llm_server_manager"}
