@@ -38,6 +38,7 @@ from infmem_verl.rollout.settings import (
     document_settings,
     train_settings,
 )
+from infmem_verl.run_record import record_settings
 
 
 @dataclass
@@ -78,6 +79,7 @@ def prepare_config(config: DictConfig) -> PreparedRun:
     config.infmem.agent.write.prompt_tokens = cfg.write.prompt_tokens
     prompt_length, response_length = apply_rollout_lengths(config, cfg)
     train_settings(config)
+    record_settings(config)
     checked, missing = check_datasets(config)
     return PreparedRun(
         agent_loop=loop,

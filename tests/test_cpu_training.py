@@ -23,9 +23,11 @@ from infmem_verl.assets import wiki_paragraphs
 from infmem_verl.cpu.backend import apply_cpu_backend, check_cpu_support, cpu_settings, select_backend, visible_gpus
 from infmem_verl.cpu.bootstrap import bootstrap_inputs, bootstrap_settings
 from infmem_verl.cpu.engine import TorchEngine
-from infmem_verl.cpu.report import step_line, trajectory_metrics, validation_line
+from infmem_verl.cpu.report import step_line, validation_line
 from infmem_verl.cpu.server import CPUGenerationServer, weights_digest
 from infmem_verl.main import prepare_config, run
+from infmem_verl.metrics import summarize
+from infmem_verl.rollout.trainer import trajectory_rows
 
 
 def make_config(*overrides: str):
@@ -240,39 +242,34 @@ def test_bad_bootstrap_settings_name_the_key(override, message):
 # ------------------------------------------------------------------------------- the report
 
 
-def _facts(kind: str, index: int, stop: int | None, calls: int, info: dict | None = None) -> dict:
-    facts = {
-        "agent": "infmem",
-        "turn_index": index,
-        "turn_kind": kind,
-        "chunk_index": 0,
-        "num_chunks": 4,
-        "stop_step": stop,
-        "valid": True,
-        "llm_calls": calls,
+def _facts(kind: str, index: int, stop: int | None, info: dict) -> dict:
+    """A sequence's extra_fields: a two-stage call's turn facts (an answer is one call)."""
+    calls = 1 if kind == "answer" else 2
+    facts = {"agent": "infmem", "turn_index": index, "turn_kind": kind, "chunk_index": 0, "num_chunks": 4}
+    return facts | {"stop_step": stop, "valid": True, "llm_calls": calls, "reward_extra_info": info}
+
+
+def test_the_step_line_shows_means_over_trajectories_not_sequences():
+    # Trajectory 0 stops after 2 chunks (6 sequences, 11 calls), trajectory 1 reads all 4 (5, 9).
+    kinds = {
+        "u1_0": ["prethink", "write", "prethink", "write", "prethink", "answer"],
+        "u1_1": ["write"] * 4 + ["answer"],
     }
-    return facts | ({"reward_extra_info": info} if info else {})
-
-
-def test_trajectory_metrics_average_over_trajectories_not_sequences():
-    info_a = {"acc": 1.0, "outcome": 1.0, "chunks_read": 2.0, "num_chunks": 4.0}
-    info_b = {"acc": 0.0, "outcome": 0.0, "chunks_read": 4.0, "num_chunks": 4.0}
-    keys = ["u1_0_0", "u1_0_1", "u1_0_2", "u1_1_0", "u1_1_1"]
-    extra = [
-        _facts("prethink", 0, 2, 2, info_a),
-        _facts("write", 1, 2, 2, info_a),
-        _facts("answer", 2, 2, 1, info_a),
-        _facts("write", 0, None, 2, info_b),
-        _facts("answer", 1, None, 2, info_b),
-    ]
-    metrics = trajectory_metrics(keys, extra, scores=[0.9, 0.9, 0.9, 0.1, 0.1])
+    stops = {"u1_0": 2, "u1_1": None}
+    infos = {"u1_0": {"acc": 1.0, "outcome": 1.0}, "u1_1": {"acc": 0.0, "outcome": 0.0}}
+    scores = {"u1_0": 0.9, "u1_1": 0.1}
+    keys = [f"{t}_{i}" for t, ks in kinds.items() for i in range(len(ks))]
+    extra = [_facts(k, i, stops[t], infos[t]) for t, ks in kinds.items() for i, k in enumerate(ks)]
+    row_scores = [scores[k.rsplit("_", 1)[0]] for k in keys]
+    rows = trajectory_rows(keys, extra, row_scores, [100] * len(keys), [10] * len(keys))
+    metrics = summarize([row["values"] for row in rows])
     assert metrics["infmem/trajectories"] == 2
     assert metrics["infmem/reward"] == pytest.approx(0.5) and metrics["infmem/acc"] == pytest.approx(0.5)
-    assert metrics["infmem/chunks_read"] == pytest.approx(3.0) and metrics["infmem/llm_calls"] == pytest.approx(4.5)
+    assert metrics["infmem/chunks_read"] == pytest.approx(3.0) and metrics["infmem/llm_calls"] == pytest.approx(10.0)
     assert metrics["infmem/stopped"] == pytest.approx(0.5) and metrics["infmem/stop_step"] == 2
     line = step_line(3, 5, metrics | {"actor/optimizer_steps": 2, "timing_s/step": 12.5}, ["outcome"])
     assert line.startswith("[infmem cpu] step 3/5 | reward 0.500 (outcome 0.500) | acc 0.500 | chunks read 3.0/4.0")
-    assert "stopped 1/2 at step 2.0 | llm calls 4.5/traj | optimizer steps 2" in line and line.endswith("| 12.5s")
+    assert "stopped 1/2 at step 2.0 | llm calls 10.0/traj | optimizer steps 2" in line and line.endswith("| 12.5s")
     val = validation_line({"val-core/hotpot/acc/mean@2": 0.25, "val-aux/hotpot/reward/mean@2": 0.5}, ["reward", "acc"])
     assert val == "[infmem cpu] validation | reward 0.500 | acc 0.250"
 

@@ -171,6 +171,7 @@ def test_unknown_group_names_list_what_is_available(overrides, error, message):
         ("actor_rollout_ref.rollout.response_length=1024", r"rollout\.response_length: expected an integer >= 1536"),
         ("trainer.use_v1=false", r"trainer\.use_v1: expected true"),
         ("infmem.train.optimizer_steps_per_rl_step=0", r"optimizer_steps_per_rl_step: expected an integer >= 1"),
+        ("infmem.records.trajectories=sometimes", r"infmem\.records\.trajectories: expected true or false"),
     ],
 )
 def test_bad_settings_fail_before_any_worker_with_the_key_named(override, message):

@@ -1,10 +1,10 @@
-"""Per-trajectory training metrics and the one-line step and validation summaries.
+"""The one-line step and validation summaries the CPU backend prints.
 
-verl's step metrics count sequences (one per LLM call); a reader of a memory-agent run wants
-trajectories: the reward and its components, accuracy, chunks read, where the controller
-stopped, LLM calls. These come from each sequence's ``extra_fields`` in TransferQueue (the turn
-facts the agent loop wrote and the ``reward_extra_info`` the reward manager added), grouped by
-trajectory (``{uid}_{session}``). Pure functions over plain values, so they test without verl.
+A reader of a memory-agent run wants trajectories: the reward and its components, accuracy,
+chunks read, where the controller stopped, LLM calls. The step line shows the per-trajectory
+means every trainer mode of ours logs (``infmem/...``, :mod:`infmem_verl.metrics`); the
+validation line averages verl's per-data-source ``mean@n`` values. Pure functions over plain
+values, so they test without verl.
 """
 
 from __future__ import annotations
@@ -15,47 +15,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from infmem_verl.rollout.facts import TurnFacts
-
-PREFIX = "infmem"
-
-
-def session_and_index(key: str) -> tuple[str, int]:
-    """``{uid}_{session}_{index}`` -> (``{uid}_{session}``, index)."""
-    session, _, index = key.rpartition("_")
-    return session, int(index)
-
-
-def trajectory_metrics(keys: Sequence[str], extra_fields: Sequence[Mapping[str, Any]], scores: Sequence[float]) -> dict:
-    """Means over the trajectories of a batch, under ``infmem/...`` names.
-
-    ``keys``, ``extra_fields`` and ``scores`` (each sequence's reward) are aligned, padding rows
-    excluded. Every sequence of a trajectory carries the trajectory's reward and
-    ``reward_extra_info``; the final sequence (highest index) is read. ``llm_calls`` sums the
-    generate calls of all sequences; ``stop_step`` averages over the trajectories that stopped
-    (NaN when none did), ``stopped`` is the fraction that stopped.
-    """
-    sessions: dict[str, list[int]] = defaultdict(list)
-    for row, key in enumerate(keys):
-        sessions[session_and_index(key)[0]].append(row)
-    totals: dict[str, float] = defaultdict(float)
-    stop_steps = []
-    for rows in sessions.values():
-        final = max(rows, key=lambda r: session_and_index(keys[r])[1])
-        facts = [TurnFacts.from_dict(extra_fields[r], f"sequence {keys[r]}") for r in rows]
-        for name, value in extra_fields[final].get("reward_extra_info", {}).items():
-            totals[name] += float(value)
-        totals["reward"] += float(scores[final])
-        totals["llm_calls"] += sum(f.llm_calls for f in facts)
-        stop = facts[0].stop_step
-        totals["stopped"] += stop is not None
-        if stop is not None:
-            stop_steps.append(stop)
-    count = len(sessions)
-    out = {f"{PREFIX}/{name}": value / count for name, value in totals.items()}
-    out[f"{PREFIX}/stop_step"] = sum(stop_steps) / len(stop_steps) if stop_steps else math.nan
-    out[f"{PREFIX}/trajectories"] = float(count)
-    return out
+from infmem_verl.metrics import PREFIX
 
 
 def _fmt(value: Any, spec: str = ".3f") -> str:

@@ -13,16 +13,16 @@ GPU worker groups, vLLM replicas and a checkpoint engine, it builds
 
 and keeps verl's ``RewardLoopManager`` (rule-based reward workers need no GPU).
 
-On top, each step prints one summary line (:mod:`.report`) and logs per-trajectory metrics and
-the fingerprints of the weights the generation actor served (``cpu/weights/*``), which show that
-rollouts always use exactly the last update.
+On top, each step prints one summary line (:mod:`.report`) of the per-trajectory metrics that
+``infmem_sync`` logs (:mod:`infmem_verl.metrics`), and logs the fingerprints of the weights the
+generation actor served (``cpu/weights/*``), which show that rollouts always use exactly the
+last update.
 """
 
 from __future__ import annotations
 
 import ray
 import torch
-import transfer_queue as tq
 from transfer_queue import KVBatchMeta
 from verl.experimental.reward_loop import RewardLoopManager
 from verl.trainer.ppo.v1 import register_trainer
@@ -31,7 +31,7 @@ from verl.workers.rollout.llm_server import LLMServerClient
 
 from infmem_verl.cpu.backend import check_cpu_support, cpu_settings
 from infmem_verl.cpu.engine import TorchEngine, load_model
-from infmem_verl.cpu.report import step_line, trajectory_metrics, validation_line
+from infmem_verl.cpu.report import step_line, validation_line
 from infmem_verl.cpu.server import start_cpu_router, torch_threads, weights_digest
 from infmem_verl.cpu.workers import CPUActorRolloutRef, WeightSync
 from infmem_verl.rollout.trainer import InfMemSyncTrainer
@@ -114,9 +114,8 @@ class InfMemCPUTrainer(InfMemSyncTrainer):
     def _compute_metrics(
         self, batch: KVBatchMeta, metrics: dict, timing_raw: dict, global_steps: int, epoch: int
     ) -> None:
+        metrics.update(self._weight_metrics)  # before the base class records the step
         super()._compute_metrics(batch, metrics, timing_raw, global_steps=global_steps, epoch=epoch)
-        metrics.update(self._trajectory_metrics(batch))
-        metrics.update(self._weight_metrics)
         print(step_line(global_steps, self.total_training_steps, metrics, self._components()), flush=True)
 
     def _validate(self) -> dict[str, float]:
@@ -126,11 +125,3 @@ class InfMemCPUTrainer(InfMemSyncTrainer):
 
     def _components(self) -> list[str]:
         return list(self.config.infmem.reward.components)
-
-    @staticmethod
-    def _trajectory_metrics(batch: KVBatchMeta) -> dict[str, float]:
-        keys = [key for key, tag in zip(batch.keys, batch.tags, strict=True) if not tag.get("is_padding", False)]
-        data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=["extra_fields", "rm_scores"])
-        scores = [float(row.sum()) for row in data["rm_scores"].unbind()]
-        # TransferQueue returns a non-tensor column as a list-like whose type depends on its backend.
-        return trajectory_metrics(keys, list(data["extra_fields"]), scores)

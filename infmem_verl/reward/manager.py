@@ -12,12 +12,13 @@ the turn facts) in place of the ``outcome`` component.
 
 Every trajectory returns the same ``reward_extra_info`` keys (verl stacks them across
 trajectories): ``acc`` (the outcome, so validation reports accuracy), one key per component, the
-answer metrics, and reading statistics.
+answer metrics, and the trajectory's figures (:mod:`infmem_verl.metrics`).
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ from verl import DataProto
 from verl.experimental.reward_loop.reward_manager import register
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 
+from infmem_verl.metrics import trajectory_values
 from infmem_verl.reward.components import Component, TrajectoryRecord, load_components
 from infmem_verl.reward.metrics import score_answer
 from infmem_verl.rollout.facts import TurnFacts
@@ -53,7 +55,8 @@ class InfMemRewardManager(RewardManagerBase):
             else:
                 scores[component.name] = component.score(record)
         reward = sum(c.weight * scores[c.name] for c in self.components)
-        return {"reward_score": float(reward), "reward_extra_info": extra_info(record, scores, len(data))}
+        tokens = (data.non_tensor_batch["prompt_len"], data.non_tensor_batch["response_len"])
+        return {"reward_score": float(reward), "reward_extra_info": extra_info(record, scores, *tokens)}
 
     async def _custom_outcome(self, record: TrajectoryRecord) -> float:
         kwargs = dict(
@@ -74,7 +77,7 @@ def trajectory_record(data: DataProto, tokenizer) -> TrajectoryRecord:
     if len(data) == 0:
         raise ValueError("data: empty trajectory")
     non_tensor = data.non_tensor_batch
-    for key in ("tool_extra_fields", "reward_model", "response_len"):
+    for key in ("tool_extra_fields", "reward_model", "prompt_len", "response_len"):
         if key not in non_tensor:
             raise ValueError(
                 f"data.non_tensor_batch lacks {key!r} (has {sorted(non_tensor)}); the infmem reward manager "
@@ -105,19 +108,20 @@ def gold_answers(reward_model: Any) -> list[str]:
     return list(truth)
 
 
-def extra_info(record: TrajectoryRecord, scores: dict[str, float], num_sequences: int) -> dict[str, float]:
-    """The logged facts of one trajectory; the same keys for every trajectory of a run."""
+def extra_info(
+    record: TrajectoryRecord, scores: dict[str, float], prompt_tokens: Sequence[int], response_tokens: Sequence[int]
+) -> dict[str, float | None]:
+    """The logged facts of one trajectory; the same keys for every trajectory of a run.
+
+    ``acc`` (the outcome), the components, the answer metrics, and the trajectory's reading,
+    stopping, retrieval, protocol, memory, call and token figures
+    (:func:`infmem_verl.metrics.trajectory_values`, one definition for training and validation;
+    ``None`` where a trajectory has no value, e.g. the stop step of one that never stopped).
+    """
     answer = score_answer(record.prediction, record.golds)
-    stopped = record.stop_step is not None
     return {
         "acc": scores.get(OUTCOME, answer["em"]),
         **scores,
         **answer,
-        "has_answer": float(record.prediction is not None),
-        "chunks_read": float(record.chunks_read),
-        "num_chunks": float(record.num_chunks),
-        "read_fraction": record.chunks_read / max(record.num_chunks, 1),
-        "stopped_early": float(stopped and record.stop_step < record.num_chunks),
-        "llm_sequences": float(num_sequences),
-        "invalid_turns": float(sum(not t.valid for t in record.turns)),
+        **trajectory_values(record.turns, prompt_tokens, response_tokens),
     }

@@ -19,10 +19,21 @@ exactly like verl's ``sync`` mode (verl branches on the mode's name, so this cla
   the trajectory's advantage; this subtracts the penalty from the advantage of each turn that
   broke the protocol (see :func:`infmem_verl.reward.components.breaks_protocol`), crediting the
   failure to the turn that caused it. Use it with the ``protocol`` reward component's weight at 0.
+
+It also reports what verl's row-level metrics cannot (:mod:`infmem_verl.metrics`): every step
+logs ``infmem/...`` means over *trajectories* computed from the per-turn facts in TransferQueue
+(reward and components, accuracy, reading, stopping, retrieval, protocol error rates per turn
+kind, memory, calls and tokens), the clip fraction, the rollout/trainer log-prob gap and the step
+time; validation adds ``val-infmem/...`` from the same per-trajectory values (the reward manager
+puts them in ``reward_extra_info``). Each step is appended to the run's records
+(:mod:`infmem_verl.run_record`, next to the TensorBoard events, flushed per step so a killed run
+keeps them), and the run summary plot is drawn when training ends. verl's checkpointing is used
+as is (``trainer.save_freq``, ``trainer.resume_mode``).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -34,9 +45,14 @@ from verl.trainer.ppo.v1 import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.workers.utils.padding import response_to_nested
 
+from infmem_verl.metrics import PREFIX, log_prob_gap, numeric, summarize, trajectory_values
 from infmem_verl.reward.components import breaks_protocol
 from infmem_verl.rollout.facts import TurnFacts
 from infmem_verl.rollout.settings import TrainSettings, train_settings
+from infmem_verl.run_record import RunRecord, record_settings, records_dir
+
+# verl's step metrics repeated under infmem/, so one TensorBoard section holds a run's story.
+VERL_ALIASES = {"actor/pg_clipfrac": "clip_fraction", "timing_s/step": "step_time_s"}
 
 
 def session_of(key: str) -> str:
@@ -57,6 +73,41 @@ def trajectory_weights(keys: Sequence[str], response_mask: torch.Tensor) -> torc
     trained = [t for t in tokens.values() if t > 0]
     mean = sum(trained) / len(trained) if trained else 1.0
     return torch.tensor([mean / tokens[session_of(k)] if tokens[session_of(k)] > 0 else 1.0 for k in keys])
+
+
+def trajectory_rows(
+    keys: Sequence[str],
+    extra_fields: Sequence[dict],
+    scores: Sequence[float],
+    prompt_lengths: Sequence[int],
+    response_lengths: Sequence[int],
+) -> list[dict]:
+    """One record per trajectory of a batch's sequences (aligned lists, padding rows excluded).
+
+    Each record holds the trajectory's ``key`` (``{uid}_{session}``), its ``values`` (the final
+    sequence's ``reward_extra_info``, then :func:`~infmem_verl.metrics.trajectory_values` of its
+    turns in order, and ``reward``, the final sequence's score) and its ``turns`` (facts without
+    the memory text, with token counts).
+    """
+    sessions: dict[str, list[int]] = defaultdict(list)
+    for row, key in enumerate(keys):
+        sessions[session_of(key)].append(row)
+    records = []
+    for session, rows in sessions.items():
+        rows.sort(key=lambda r: int(keys[r].rsplit("_", 1)[1]))
+        facts = [TurnFacts.from_dict(extra_fields[r], f"sequence {keys[r]}") for r in rows]
+        prompts = [int(prompt_lengths[r]) for r in rows]
+        responses = [int(response_lengths[r]) for r in rows]
+        final = rows[-1]
+        values = numeric(extra_fields[final].get("reward_extra_info", {}))
+        values.update(trajectory_values(facts, prompts, responses))
+        values["reward"] = float(scores[final])
+        turns = [
+            {**f.to_dict(), "memory_text": None, "prompt_tokens": p, "response_tokens": n}
+            for f, p, n in zip(facts, prompts, responses, strict=True)
+        ]
+        records.append({"key": session, "values": values, "turns": turns})
+    return records
 
 
 def shape_advantages(
@@ -83,6 +134,8 @@ class InfMemSyncTrainer(PPOTrainerSync):
 
     def __init__(self, config):
         self.infmem_train = train_settings(config)
+        self.record_trajectories = record_settings(config).trajectories
+        self.run_record = RunRecord(records_dir(config))
         super().__init__(config)
 
     # verl keys its sync-vs-async behaviour (replay buffer, dataloader refill, checkpoint resume) on
@@ -134,3 +187,88 @@ class InfMemSyncTrainer(PPOTrainerSync):
         shaped = shape_advantages(batch.keys, padded["advantages"], padded["response_mask"], facts, settings)
         output = TensorDict({"advantages": response_to_nested(shaped, nested_mask)}, batch_size=len(batch))
         return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
+
+    # ------------------------------------------------------------------------------ metrics
+
+    def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch) -> None:
+        """verl's metrics, then ours per trajectory; the step is appended to the run's records."""
+        super()._compute_metrics(batch, metrics, timing_raw, global_steps=global_steps, epoch=epoch)
+        trajectories = self._trajectories(batch)
+        metrics.update(summarize([t["values"] for t in trajectories]))
+        metrics.update(self._log_prob_gap(batch))
+        metrics.update({f"{PREFIX}/{alias}": metrics[name] for name, alias in VERL_ALIASES.items() if name in metrics})
+        self.run_record.log_step(global_steps, metrics)
+        if self.record_trajectories:
+            self.run_record.log_trajectories(global_steps, trajectories)
+
+    def _trajectories(self, batch) -> list[dict]:
+        """:func:`trajectory_rows` of the batch's real (non-padding) sequences, read from TransferQueue."""
+        keys = [key for key, tag in zip(batch.keys, batch.tags, strict=True) if not tag.get("is_padding", False)]
+        fields = ["extra_fields", "rm_scores", "prompts", "responses"]
+        data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=fields)
+        scores = [float(row.sum()) for row in data["rm_scores"].unbind()]
+        # TransferQueue returns a non-tensor column as a list-like whose type depends on its backend.
+        return trajectory_rows(
+            keys,
+            list(data["extra_fields"]),
+            scores,
+            data["prompts"].offsets().diff().tolist(),
+            data["responses"].offsets().diff().tolist(),
+        )
+
+    def _log_prob_gap(self, batch) -> dict[str, float]:
+        """:func:`~infmem_verl.metrics.log_prob_gap` of the trainer's old log-probs and the rollout's."""
+        if not self.config.actor_rollout_ref.rollout.calculate_log_probs:
+            return {}
+        fields = ["old_log_probs", "rollout_log_probs", "response_mask"]
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+        padded = data.to_padded_tensor()
+        return log_prob_gap(padded["old_log_probs"], padded["rollout_log_probs"], padded["response_mask"])
+
+    def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns, **kwargs):
+        """verl's validation metrics plus ``val-infmem/...``: the same per-trajectory summary as training.
+
+        verl keeps the final sequence of each trajectory, whose ``reward_extra_info`` holds the
+        trajectory's values (the ``infmem`` reward manager puts them there).
+        """
+        metrics = super()._val_metrics_update(data_sources, sample_uids, reward_extra_infos_dict, sample_turns, **kwargs)
+        rows = [
+            {name: values[i] for name, values in reward_extra_infos_dict.items() if values[i] is not None}
+            for i in range(len(sample_uids))
+        ]
+        metrics.update(summarize(rows, prefix=f"val-{PREFIX}"))
+        return metrics
+
+    # ------------------------------------------------------------- records and run summary
+
+    def on_step_begin(self) -> None:
+        super().on_step_begin()
+        # verl's TensorBoard writer flushes every two minutes; flushing here puts the previous
+        # step's events on disk before the next one can be interrupted.
+        tensorboard = getattr(getattr(self, "logger", None), "logger", {}).get("tensorboard")
+        if tensorboard is not None:
+            tensorboard.writer.flush()
+
+    def fit(self, agent_loop_manager) -> None:
+        """verl's training loop; then (also when it fails) the loggers are flushed and the run
+        summary is drawn from the run's records."""
+        try:
+            super().fit(agent_loop_manager)
+        finally:
+            tracking = getattr(self, "logger", None)
+            if tracking is not None:
+                tracking.finish()
+            self._plot_summary()
+
+    def _plot_summary(self) -> None:
+        """Draw the run summary; a plotting failure is reported, never allowed to fail the run."""
+        trainer = self.config.trainer
+        try:
+            path = self.run_record.plot(title=f"{trainer.project_name} / {trainer.experiment_name}")
+        except Exception:
+            logging.getLogger(__name__).exception(
+                "run summary plot failed; the run's records are in %s", self.run_record.directory
+            )
+            return
+        if path is not None:
+            print(f"[infmem] run summary: {path.resolve()}", flush=True)

@@ -1,0 +1,169 @@
+"""A run's own records next to its TensorBoard events: per-step metrics, trajectories, a summary plot.
+
+Files in the records folder (by default the TensorBoard folder verl writes to, so one folder
+holds everything a person opens after a run):
+
+* ``steps.jsonl`` - one line per training step with every numeric metric logged at that step
+  (training ``infmem/...``, validation ``val-infmem/...``, verl's own). Appended and flushed per
+  step, so a killed run keeps what it logged; a resumed run appends, and the last line of a step
+  wins when read back.
+* ``trajectories/step_<N>.jsonl`` (optional) - one line per trajectory of step N: its ``key``, its
+  ``values`` (reward, ``reward_extra_info``, the figures of :mod:`infmem_verl.metrics`) and its
+  ``turns`` (every turn's facts with its token counts; memory text left out).
+* ``run_summary.png`` - reward, accuracy and chunks read over steps (training lines, validation
+  points), for people who would rather look than read; drawn from ``steps.jsonl`` at the end of
+  a run, so it covers every step of a resumed run too.
+
+``infmem.records`` configures it: ``dir`` (null: the TensorBoard folder) and ``trajectories``
+(write the per-trajectory files; off by default, since a 128-prompt step holds thousands of turns).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from infmem_verl.agent.config import ConfigError, from_mapping
+from infmem_verl.metrics import numeric
+
+RECORDS_KEY = "infmem.records"
+STEPS_FILE = "steps.jsonl"
+TRAJECTORIES_DIR = "trajectories"
+SUMMARY_PNG = "run_summary.png"
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One plot of the summary: a training metric and its validation counterpart."""
+
+    title: str
+    train: str
+    val: str
+
+
+PANELS = (
+    Panel("reward", "infmem/reward", "val-infmem/reward"),
+    Panel("accuracy", "infmem/acc", "val-infmem/acc"),
+    Panel("chunks read", "infmem/chunks_read", "val-infmem/chunks_read"),
+)
+
+
+@dataclass(frozen=True)
+class RecordSettings:
+    """``infmem.records``: where the records go and whether per-trajectory files are written."""
+
+    dir: str | None = None  # None: the TensorBoard folder (see records_dir)
+    trajectories: bool = False
+
+    def validate(self) -> RecordSettings:
+        if self.dir is not None and (not isinstance(self.dir, str) or not self.dir):
+            raise ConfigError(f"{RECORDS_KEY}.dir: expected a folder path or null, got {self.dir!r}")
+        return self
+
+
+def record_settings(config: DictConfig) -> RecordSettings:
+    """The validated ``infmem.records`` of ``config`` (defaults when the key is absent)."""
+    node = OmegaConf.select(config, RECORDS_KEY, default=None)
+    data = OmegaConf.to_container(node, resolve=True) if node is not None else None
+    return from_mapping(RecordSettings, data, RECORDS_KEY).validate()
+
+
+def records_dir(config: DictConfig) -> Path:
+    """``infmem.records.dir``, else where verl's TensorBoard logger writes: ``$TENSORBOARD_DIR`` or
+    ``tensorboard_log/<trainer.project_name>/<trainer.experiment_name>`` (relative to the trainer's
+    working directory, as verl's is)."""
+    configured = record_settings(config).dir
+    if configured:
+        return Path(configured).expanduser()
+    trainer = config.trainer
+    return Path(os.environ.get("TENSORBOARD_DIR", f"tensorboard_log/{trainer.project_name}/{trainer.experiment_name}"))
+
+
+class RunRecord:
+    """Writes and reads the records of one run in ``directory`` (created on first write)."""
+
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+
+    @property
+    def steps_file(self) -> Path:
+        return self.directory / STEPS_FILE
+
+    def trajectories_file(self, step: int) -> Path:
+        return self.directory / TRAJECTORIES_DIR / f"step_{step}.jsonl"
+
+    def log_step(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Append step ``step``'s numeric metrics to ``steps.jsonl`` and flush it to disk."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        line = json.dumps({"step": int(step), **numeric(metrics)}) + "\n"
+        with self.steps_file.open("a+b") as file:
+            if file.tell() > 0:
+                file.seek(-1, os.SEEK_END)
+                if file.read(1) != b"\n":
+                    line = "\n" + line  # a run killed mid-line left it torn: start a fresh one
+            file.write(line.encode())
+            file.flush()
+            os.fsync(file.fileno())
+
+    def log_trajectories(self, step: int, trajectories: Sequence[Mapping[str, Any]]) -> None:
+        """Write step ``step``'s trajectory records (one JSON object each), replacing an earlier file."""
+        path = self.trajectories_file(step)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w") as file:
+            for record in trajectories:
+                file.write(json.dumps(record) + "\n")
+
+    def steps(self) -> list[dict[str, float]]:
+        """The step records in step order; for a step logged twice (a resumed run), the last."""
+        if not self.steps_file.is_file():
+            return []
+        by_step: dict[int, dict[str, float]] = {}
+        for line in self.steps_file.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # blank, or the torn last line of a run killed while writing it
+            by_step[int(record["step"])] = record
+        return [by_step[step] for step in sorted(by_step)]
+
+    def trajectories(self, step: int) -> list[dict[str, Any]]:
+        path = self.trajectories_file(step)
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def plot(self, title: str = "") -> Path | None:
+        """Draw ``run_summary.png`` from ``steps.jsonl``; None when no step was logged."""
+        steps = self.steps()
+        if not steps:
+            return None
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only; never a window, whatever the environment says
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
+
+        fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.4), squeeze=False)
+        for ax, panel in zip(axes[0], PANELS):
+            for key, style, label in ((panel.train, ".-", "train"), (panel.val, "o", "validation")):
+                points = [(s["step"], s[key]) for s in steps if key in s]
+                if points:
+                    xs, ys = zip(*points)
+                    ax.plot(xs, ys, style, label=label, markersize=5)
+            ax.set_title(panel.title)
+            ax.set_xlabel("step")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.grid(alpha=0.3)
+            if ax.has_data():
+                ax.legend(fontsize=8)
+        if title:
+            fig.suptitle(title)
+        fig.tight_layout()
+        path = self.directory / SUMMARY_PNG
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return path
