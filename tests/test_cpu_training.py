@@ -178,9 +178,7 @@ def test_cpu_backend_selects_its_trainer_mode_and_ray_settings():
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("trainer.save_freq=5", r"trainer\.save_freq: the CPU backend needs <= 0 .*got 5"),
         ("algorithm.adv_estimator=gae", r"algorithm\.adv_estimator: the CPU backend needs a critic-free estimator"),
-        ("trainer.resume_mode=auto", r"trainer\.resume_mode: the CPU backend needs disable"),
         ("infmem.cpu.threads=0", r"infmem\.cpu\.threads: expected an integer >= 1 or null"),
         ("+infmem.cpu.gpu=1", r"infmem\.cpu\.gpu: unknown key"),
     ],
@@ -296,12 +294,10 @@ VERL_CALLS = {
     ("self.ref_policy_wg",): {"compute_ref_log_prob", "init_model", "start_profile", "stop_profile"},
     ("self.checkpoint_manager",): {"update_weights", "sleep_replicas"},
 }
-# Calls the CPU backend never reaches: checkpoints are refused by check_cpu_support, profiling is a
-# GPU feature (global_profiler), init_model is part of the GPU _setup that InfMemCPUTrainer replaces.
+# Calls the CPU backend never reaches: profiling is a GPU feature (global_profiler), init_model is
+# part of the GPU _setup that InfMemCPUTrainer replaces.
 NOT_REACHED = {
     "init_model",
-    "load_checkpoint",
-    "save_checkpoint",
     "start_profile",
     "stop_profile",
     "_query_dispatch_info",

@@ -91,12 +91,6 @@ def check_cpu_support(config: DictConfig) -> None:
         (bool(config.reward.reward_model.enable), "reward.reward_model.enable", "false (rule-based reward only)"),
         (bool(OmegaConf.select(config, "distillation.enabled", default=False)), "distillation.enabled", "false"),
         (bool(lora), "actor_rollout_ref.model.lora.rank", "0 (full fine-tuning only)"),
-        (config.trainer.save_freq > 0, "trainer.save_freq", "<= 0 (the CPU backend saves no checkpoints)"),
-        (
-            config.trainer.resume_mode != "disable",
-            "trainer.resume_mode",
-            "disable (the CPU backend starts from actor_rollout_ref.model.path)",
-        ),
     ]
     for failed, key, expected in unsupported:
         if failed:

@@ -16,7 +16,8 @@ and keeps verl's ``RewardLoopManager`` (rule-based reward workers need no GPU).
 On top, each step prints one summary line (:mod:`.report`) of the per-trajectory metrics that
 ``infmem_sync`` logs (:mod:`infmem_verl.metrics`), and logs the fingerprints of the weights the
 generation actor served (``cpu/weights/*``), which show that rollouts always use exactly the
-last update.
+last update. Checkpoints are verl's own save and resume
+(``trainer.save_freq``, ``trainer.resume_mode``), in verl's FSDP layout (:mod:`.checkpoint`).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class InfMemCPUTrainer(InfMemSyncTrainer):
         torch.set_num_threads(torch_threads(settings.threads))
         policy = TorchEngine(model_path, omega_conf_to_dataclass(config.actor_rollout_ref.actor))
         reference = load_model(model_path).eval() if self.use_reference_policy else None
-        self.actor_rollout_wg = CPUActorRolloutRef(policy, reference)
+        self.actor_rollout_wg = CPUActorRolloutRef(policy, reference, self.tokenizer)
         self.ref_policy_wg = self.actor_rollout_wg
         self.ref_in_actor = False
 

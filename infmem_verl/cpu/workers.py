@@ -6,7 +6,9 @@ workers read the fields they need from TransferQueue, write their outputs back a
 meta (log-prob passes) or a ``metrics`` TensorDict (the update). :class:`CPUActorRolloutRef`
 keeps that contract over the single-process :class:`~infmem_verl.cpu.engine.TorchEngine` and a
 frozen reference model, so verl's ``_compute_old_log_prob``, ``_compute_ref_log_prob``,
-``_update_actor`` and ``_balance_batch`` run unchanged.
+``_update_actor`` and ``_balance_batch`` run unchanged, and so do ``_save_checkpoint`` and
+``_load_checkpoint``: the worker writes and reads the engine's state in verl's FSDP checkpoint
+layout (:mod:`.checkpoint`).
 
 verl's sync trainer moves weights with a checkpoint manager (``update_weights`` after each step,
 ``sleep_replicas`` before training). :class:`WeightSync` does the same for the generation actor:
@@ -15,6 +17,9 @@ after every update the actor serves the engine's new weights.
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import ray
 import torch
 import transfer_queue as tq
@@ -22,6 +27,7 @@ from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
 from verl.utils import tensordict_utils as tu
 
+from infmem_verl.cpu.checkpoint import load_checkpoint, save_checkpoint
 from infmem_verl.cpu.engine import (
     LOSS_FIELDS,
     TokenScores,
@@ -56,10 +62,12 @@ class CPUActorRolloutRef:
     one rank here.
     """
 
-    def __init__(self, engine: TorchEngine, reference: torch.nn.Module | None):
+    def __init__(self, engine: TorchEngine, reference: torch.nn.Module | None, tokenizer):
         self.engine = engine
         self.reference = reference
+        self.tokenizer = tokenizer  # saved with every checkpoint, as verl's workers do
         self._dispatch_info = {"actor": [0]}
+        self._saved: list[Path] = []  # this run's checkpoints, oldest first
 
     def compute_log_prob(self, batch: KVBatchMeta) -> KVBatchMeta:
         """The actor's log-probs (and entropy when asked) of every sequence, into TransferQueue."""
@@ -105,6 +113,25 @@ class CPUActorRolloutRef:
         # verl's trainer expects a model-FLOPs-utilisation figure; it is not measured on CPU.
         metrics["mfu"] = [float("nan")]
         return tu.get_tensordict(tensor_dict={}, non_tensor_dict={"metrics": metrics})
+
+    def save_checkpoint(
+        self, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None
+    ) -> None:
+        """verl's worker call: save the engine to ``local_path``; keep the newest ``max_ckpt_to_keep``.
+
+        Like verl's checkpoint manager, an older checkpoint of this run is removed only once the
+        new one is complete, and only its actor folder (verl keeps ``data.pt`` beside it).
+        ``hdfs_path`` is ignored, as verl's FSDP checkpoint manager ignores it.
+        """
+        save_checkpoint(self.engine, local_path, self.tokenizer)
+        self._saved.append(Path(local_path))
+        while max_ckpt_to_keep and len(self._saved) > max_ckpt_to_keep:
+            shutil.rmtree(self._saved.pop(0), ignore_errors=True)
+
+    def load_checkpoint(self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False) -> None:
+        """verl's worker call on resume: the engine continues from ``local_path`` (weights, optimizer,
+        learning-rate schedule, RNG); the trainer then syncs the weights to the generation actor."""
+        load_checkpoint(self.engine, local_path)
 
     @staticmethod
     def _rows(batch: KVBatchMeta, fields) -> list[dict[str, torch.Tensor]]:
