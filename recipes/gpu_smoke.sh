@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# Check a GPU machine end to end: install, train the smoke recipe on stock verl, checkpoint, export.
+#
+# Usage: recipes/gpu_smoke.sh [options] [-- hydra overrides ...]
+#
+#   --model ID|DIR|tiny  the model to train (default Qwen/Qwen3-0.6B, fetched from the Hub once;
+#                        `tiny` builds the random tiny Qwen3 locally, nothing is downloaded)
+#   --steps N            RL steps (default 2); a checkpoint is saved after the last one
+#   --out DIR            data, logs, TensorBoard, checkpoints and the export (default outputs/gpu_smoke)
+#   --venv DIR           virtual environment to create or reuse (default .venv-gpu)
+#   --python PY          interpreter that creates the venv, or with --no-install the one that runs
+#                        everything (default python3; Python 3.10-3.12)
+#   --no-install         use the environment of --python as it is (no venv, no pip)
+#   --check-only         only run the health check on the finished run in --out
+#   --dry-run            print the commands instead of running them
+#   -h, --help           this text
+#
+# It installs requirements/gpu.txt (verl[vllm] 0.9.1, vLLM, CUDA torch), flash-attention
+# (requirements/gpu-flash-attn.txt) and this package (pip install -e . --no-deps), then runs
+# `python -m infmem_verl.main +recipe=smoke` on one GPU
+# with the vLLM rollout and the FSDP update, exports the last checkpoint with
+# `python -m infmem_verl.export`, and checks the log and files for what a healthy run shows
+# (printed at the end, with what the numbers should look like).
+# On a machine without a GPU run `make smoke` instead: the same recipe on the CPU backend.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+model="Qwen/Qwen3-0.6B"
+steps=2
+out="${REPO_ROOT}/outputs/gpu_smoke"
+venv="${REPO_ROOT}/.venv-gpu"
+python_bin="python3"
+install=1
+check_only=0
+
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --model) need_value "$1" "$#"; model="$2"; shift 2 ;;
+    --steps) need_value "$1" "$#"; need_int "$1" "$2"; steps="$2"; shift 2 ;;
+    --out) need_value "$1" "$#"; out="$2"; shift 2 ;;
+    --venv) need_value "$1" "$#"; venv="$2"; shift 2 ;;
+    --python) need_value "$1" "$#"; python_bin="$2"; shift 2 ;;
+    --no-install) install=0; shift ;;
+    --check-only) check_only=1; install=0; shift ;;
+    --dry-run) DRY_RUN=1; shift ;;
+    -h | --help) print_help; exit 0 ;;
+    --) shift; break ;;
+    *) die "unknown option '$1'; hydra overrides go after '--' (see --help)" ;;
+  esac
+done
+extra=("$@")
+((10#${steps} >= 1)) || die "--steps: expected an integer >= 1, got '${steps}'"
+out="$(realpath -m "${out}")"
+log="${out}/train.log"
+export_dir="${out}/hf_export"
+python="${python_bin}"
+[[ "${install}" == 0 ]] || python="${venv}/bin/python"
+
+# --- what a healthy run shows ----------------------------------------------------------------
+failures=0
+check() {
+  local what="$1"
+  shift
+  if "$@" >/dev/null 2>&1; then
+    echo "  ok    ${what}"
+  else
+    echo "  FAIL  ${what}"
+    failures=$((failures + 1))
+  fi
+}
+
+# verl's console logger's step lines; the trainer's output comes through Ray with a
+# "(TaskRunnerV1 pid=...)" prefix, so lines are matched anywhere, not at their start.
+step_lines() { grep -E '(^|[ )])step:[0-9]+ - ' "${log}" || true; }
+
+health_check() {
+  echo
+  echo "Health check of ${out}:"
+  check "backend line names stock verl on the GPU ([infmem] backend: gpu)" grep -q '\[infmem\] backend: gpu' "${log}"
+  check "${steps} training step(s) logged with trajectory metrics (infmem/reward, infmem/chunks_read, infmem/llm_calls)" \
+    test "$(step_lines | grep 'infmem/reward:' | grep 'infmem/chunks_read:' | grep -c 'infmem/llm_calls:')" -ge "${steps}"
+  check "a fixed number of optimizer steps per RL step (infmem/optimizer_steps)" grep -q 'infmem/optimizer_steps:' "${log}"
+  check "finite loss and gradient norm (actor/pg_loss, actor/grad_norm)" \
+    bash -c "grep -qE 'actor/grad_norm:[0-9]' '${log}' && ! grep -qE 'actor/(pg_loss|grad_norm):-?(nan|inf)' '${log}'"
+  check "a validation pass (val-infmem/reward)" grep -q 'val-infmem/reward:' "${log}"
+  check "TensorBoard events in ${out}/tensorboard" compgen -G "${out}/tensorboard/events.out.tfevents.*"
+  check "run summary plot ${out}/tensorboard/run_summary.png" test -s "${out}/tensorboard/run_summary.png"
+  check "checkpoint of step ${steps} (${out}/checkpoints/latest_checkpointed_iteration.txt)" \
+    grep -qx "${steps}" "${out}/checkpoints/latest_checkpointed_iteration.txt"
+  check "Hugging Face export loads in transformers (${export_dir})" \
+    "${python}" -c "from transformers import AutoModelForCausalLM, AutoTokenizer; AutoTokenizer.from_pretrained('${export_dir}'); AutoModelForCausalLM.from_pretrained('${export_dir}')"
+  cat <<EOF
+
+A healthy smoke run: the backend line, then one 'step:N - ...' line per step with
+infmem/optimizer_steps equal to infmem.train.optimizer_steps_per_rl_step (2 here), finite
+actor/pg_loss and actor/grad_norm, infmem/llm_calls a few per chunk read, infmem/chunks_read
+between 1 and the chunks per document (4 for the 16K-token smoke data), and a small
+infmem/log_prob_gap/mean (vLLM's log-probs against the FSDP actor's, per token).
+The smoke budgets are tiny (16 thinking tokens per call), so rewards stay near 0 with any
+model: this run proves the pipeline, not learning. Look at the curves with
+  tensorboard --logdir ${out}/tensorboard
+and serve the export for evaluation with
+  recipes/serve_vllm.sh ${export_dir}
+EOF
+  if [[ "${failures}" -gt 0 ]]; then
+    echo "${failures} check(s) failed: see ${log}" >&2
+    return 1
+  fi
+}
+
+if [[ "${check_only}" == 1 ]]; then
+  health_check
+  exit
+fi
+
+gpus="$(detect_gpus)"
+if [[ "${gpus}" == 0 && "${DRY_RUN}" != 1 ]]; then
+  die "no GPU found (nvidia-smi lists none); on a CPU machine run \`make smoke\` (the CPU backend) instead"
+fi
+
+# --- install ---------------------------------------------------------------------------------
+if [[ "${install}" == 1 ]]; then
+  stamp="${venv}/.infmem-gpu-installed"
+  if [[ ! -f "${stamp}" || "${REPO_ROOT}/requirements/gpu.txt" -nt "${stamp}" || "${REPO_ROOT}/requirements/gpu-flash-attn.txt" -nt "${stamp}" || "${REPO_ROOT}/setup.py" -nt "${stamp}" ]]; then
+    [[ -x "${python}" ]] || run "${python_bin}" -m venv "${venv}"
+    run "${python}" -m pip install --upgrade pip
+    run "${python}" -m pip install -r "${REPO_ROOT}/requirements/gpu.txt"
+    run "${python}" -m pip install --no-build-isolation -r "${REPO_ROOT}/requirements/gpu-flash-attn.txt"
+    run "${python}" -m pip install --no-deps -e "${REPO_ROOT}"
+    run touch "${stamp}"
+  fi
+fi
+# Everything the run imports, checked before it starts (flash-attn: verl's FSDP engine's attention).
+run "${python}" -c "import torch, vllm, verl, flash_attn, infmem_verl.plugin; assert torch.cuda.is_available(), 'CUDA not available to torch'; print('gpu environment ok: torch', torch.__version__, 'vllm', vllm.__version__, 'GPUs', torch.cuda.device_count())"
+
+# --- train -----------------------------------------------------------------------------------
+model_override="actor_rollout_ref.model.path=${model}"
+[[ "${model}" != tiny ]] || model_override="actor_rollout_ref.model.path=null"
+train=(
+  "${python}" -m infmem_verl.main +recipe=smoke
+  infmem.backend=gpu trainer.nnodes=1 trainer.n_gpus_per_node=1
+  "${model_override}"
+  "data.train_files=${out}/data/train.parquet" "data.val_files=${out}/data/val.parquet"
+  "trainer.total_training_steps=${steps}" "trainer.test_freq=${steps}"
+  "trainer.save_freq=${steps}" trainer.resume_mode=disable
+  "trainer.default_local_dir=${out}/checkpoints"
+  "trainer.logger=[console,tensorboard]"
+  "${extra[@]}"
+)
+echo "Training ${steps} step(s) of +recipe=smoke on ${model} (log: ${log})"
+if [[ "${DRY_RUN}" == 1 ]]; then
+  run env "TENSORBOARD_DIR=${out}/tensorboard" "${train[@]}"
+else
+  mkdir -p "${out}"
+  (cd "${out}" && TENSORBOARD_DIR="${out}/tensorboard" "${train[@]}") 2>&1 | tee "${log}"
+fi
+
+# --- export and check ------------------------------------------------------------------------
+run "${python}" -m infmem_verl.export "${out}/checkpoints" "${export_dir}" --overwrite
+[[ "${DRY_RUN}" != 1 ]] || exit 0
+health_check
