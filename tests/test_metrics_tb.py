@@ -1,0 +1,465 @@
+"""Trajectory-level metrics (infmem_verl.metrics), the run records (infmem_verl.run_record) and,
+through a real CPU training run, TensorBoard, checkpoints, resume and export.
+
+The metric definitions are checked on trajectories the real agent loop produces (scripted policy,
+real Wikipedia text, the real Qwen3 tokenizer), after their facts made the same round trip through
+a plain dict that they make through verl's ``extra_fields``: they must agree with the agent core's
+own trajectory summary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from infmem_verl.agent.config import ConfigError, agent_config
+from infmem_verl.agent.loops import build_agent
+from infmem_verl.agent.trajectory import FLAG_INVALID_ACTION
+from infmem_verl.assets import wiki_paragraphs
+from infmem_verl.metrics import log_prob_gap, protocol_error, summarize, trajectory_values
+from infmem_verl.policy.scripted import ScriptedPolicy
+from infmem_verl.reward.components import MEMORY_FAILURES
+from infmem_verl.rollout.facts import TurnFacts, turn_facts
+from infmem_verl.run_record import SUMMARY_PNG, RecordSettings, RunRecord, record_settings, records_dir
+
+THINK = {"prethink": 30, "write": 40, "answer": 50}
+KIND_BY_BUDGET = {v: k for k, v in THINK.items()}
+
+
+def tool_call(name: str, **arguments) -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+class Script:
+    """Model text by call kind (told apart by thinking budget): PreThink actions in order, then stop."""
+
+    def __init__(self, actions: list[str], answer: str = "\\boxed{Paris}"):
+        self.actions = list(actions)
+        self.answer = answer
+
+    def __call__(self, prompt_ids: np.ndarray, params) -> str:
+        kind = KIND_BY_BUDGET.get(params.max_tokens, "output")
+        if kind == "prethink":
+            return "<think>\nplan\n</think>\n\n" + (self.actions.pop(0) if self.actions else tool_call("stop"))
+        if kind == "write":
+            return "<think>\nnotes\n</think>\n\nThe Louvre is in Paris."
+        return "<think>\nso\n</think>\n\n" + self.answer
+
+
+@pytest.fixture(scope="module")
+def document() -> str:
+    return "\n\n".join(f"{p['title']}\n{p['text']}" for p in wiki_paragraphs()[:14])
+
+
+def agent_run(tokenizer, document: str, agent: str, actions: list[str], answer: str = "\\boxed{Paris}"):
+    cfg = agent_config(
+        {
+            "document": {"chunk_tokens": 400, "unit_tokens": 100, "unit_overlap": 20},
+            "memory_tokens": 70,
+            **{k: {"prompt_tokens": 2048, "thinking_tokens": v, "output_tokens": 80} for k, v in THINK.items()},
+        }
+    )
+    policy = ScriptedPolicy(tokenizer, Script(actions, answer))
+    return asyncio.run(build_agent(agent, cfg, tokenizer).run(policy, "Where is the Louvre?", document))
+
+
+def through_extra_fields(trajectory) -> tuple[list[TurnFacts], list[int], list[int]]:
+    """The turn facts and token counts as verl's reward manager and TransferQueue see them."""
+    facts = [TurnFacts.from_dict(turn_facts(trajectory, i, t).to_dict()) for i, t in enumerate(trajectory.turns)]
+    return facts, [len(t.prompt_ids) for t in trajectory.turns], [len(t.response_ids) for t in trajectory.turns]
+
+
+def test_trajectory_values_agree_with_the_agent_cores_own_summary(tokenizer, document):
+    actions = ["STOP", tool_call("retrieve", query="Louvre museum Paris", top_k=2), tool_call("stop")]
+    trajectory = agent_run(tokenizer, document, "infmem", actions)
+    values = trajectory_values(*through_extra_fields(trajectory))
+    summary = trajectory.summary()
+
+    assert summary.stop_step == 2 and summary.stopped_early and summary.num_chunks > 3
+    assert values["chunks_read"] == summary.chunks_read == 2 and values["num_chunks"] == summary.num_chunks
+    assert values["stop_step"] == 2 and values["stopped"] == values["stopped_early"] == 1.0
+    assert values["read_fraction"] == pytest.approx(2 / summary.num_chunks)
+    assert values["retrieval_calls"] == summary.retrieval_calls == 1
+    assert values["llm_calls"] == summary.llm_calls and values["llm_sequences"] == len(trajectory.turns) == 6
+    assert values["prompt_tokens"] == summary.prompt_tokens and values["response_tokens"] == summary.response_tokens
+    assert values["tokens"] == summary.prompt_tokens + summary.response_tokens
+    assert values["invalid_turns"] == summary.invalid_turns == 1  # the "STOP" without a tool call
+    last_write = [t for t in trajectory.turns if t.kind == "write"][-1]
+    assert values["memory_tokens"] == last_write.memory_tokens > 0
+    assert (values["prethink_turns"], values["write_turns"], values["answer_turns"]) == (3, 2, 1)
+    assert (values["prethink_errors"], values["write_errors"], values["answer_errors"]) == (1, 0, 0)
+    assert values["has_answer"] == 1.0
+
+
+def test_a_memagent_run_without_an_answer_reads_everything_and_counts_the_answer_error(tokenizer, document):
+    trajectory = agent_run(tokenizer, document, "memagent", [], answer="I do not know.")
+    facts, prompts, responses = through_extra_fields(trajectory)
+    values = trajectory_values(facts, prompts, responses)
+    assert trajectory.stop_step is None and values["stopped"] == values["stopped_early"] == 0.0
+    assert values["stop_step"] is None and values["chunks_read"] == values["num_chunks"] == trajectory.num_chunks
+    assert values["prethink_turns"] == values["retrieval_calls"] == 0
+    assert values["answer_errors"] == 1.0 and values["has_answer"] == 0.0 and protocol_error(facts[-1])
+
+
+def test_summarize_averages_over_trajectories_and_pools_error_rates_per_turn(tokenizer, document):
+    stopped = trajectory_values(*through_extra_fields(agent_run(tokenizer, document, "infmem", ["STOP"])))
+    read_all = trajectory_values(*through_extra_fields(agent_run(tokenizer, document, "memagent", [])))
+    rows = [stopped | {"reward": 1.0}, read_all | {"reward": 0.0, "extra": math.nan, "note": "text"}]
+    metrics = summarize(rows)
+    assert metrics["infmem/trajectories"] == 2
+    assert metrics["infmem/reward"] == 0.5  # per trajectory, whatever their sequence counts
+    assert metrics["infmem/chunks_read"] == (stopped["chunks_read"] + read_all["chunks_read"]) / 2
+    assert metrics["infmem/stop_step"] == stopped["stop_step"]  # over the trajectories that stopped
+    assert metrics["infmem/stopped"] == 0.5
+    assert metrics["infmem/llm_sequences"] == (stopped["llm_sequences"] + read_all["llm_sequences"]) / 2
+    assert "infmem/extra" not in metrics and "infmem/note" not in metrics  # only finite numbers count
+    # Rates are per turn of that kind, pooled over the batch: only the InfMem run has PreThinks.
+    assert metrics["infmem/protocol_error_rate/prethink"] == stopped["prethink_errors"] / stopped["prethink_turns"]
+    assert metrics["infmem/protocol_error_rate/write"] == 0.0
+    assert "infmem/prethink_errors" not in metrics
+    memagent_only = summarize([read_all], prefix="val-infmem")
+    assert "val-infmem/protocol_error_rate/prethink" not in memagent_only
+    assert memagent_only["val-infmem/trajectories"] == 1
+
+
+def test_trajectory_values_reject_misaligned_token_counts(tokenizer, document):
+    facts, prompts, responses = through_extra_fields(agent_run(tokenizer, document, "memagent", []))
+    with pytest.raises(ValueError, match=r"expected one count per turn"):
+        trajectory_values(facts, prompts[:-1], responses)
+    with pytest.raises(ValueError, match=r"turns: a trajectory has at least its answer turn"):
+        trajectory_values([], [], [])
+
+
+def test_log_prob_gap_counts_trained_tokens_only():
+    trainer = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -9.0, 0.0]])
+    rollout = torch.tensor([[-1.1, -2.0, -2.0], [-0.5, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])  # injected and padding tokens do not count
+    gap = log_prob_gap(trainer, rollout, mask)
+    assert gap["infmem/log_prob_gap/max"] == pytest.approx(0.1)
+    assert gap["infmem/log_prob_gap/mean"] == pytest.approx(0.1 / 3)
+    assert log_prob_gap(trainer, rollout, torch.zeros_like(mask)) == {}
+
+
+def test_run_record_keeps_the_last_record_of_a_step_and_plots_the_summary(tmp_path):
+    record = RunRecord(tmp_path / "tb")
+    assert record.steps() == [] and record.plot() is None
+    record.log_step(1, {"infmem/reward": 0.1, "infmem/acc": torch.tensor(0.0), "note": "text", "bad": math.inf})
+    record.log_step(2, {"infmem/reward": 0.2, "infmem/chunks_read": 3})
+    with record.steps_file.open("a") as file:
+        file.write('{"step": 2, "infmem/rew')  # killed while writing step 2
+    record.log_step(2, {"infmem/reward": 0.3, "val-infmem/reward": 0.25})  # the resumed run redoes it
+    assert record.steps() == [
+        {"step": 1, "infmem/reward": 0.1, "infmem/acc": 0.0},
+        {"step": 2, "infmem/reward": 0.3, "val-infmem/reward": 0.25},
+    ]
+    record.log_trajectories(2, [{"key": "u_0", "reward": 1.0}])
+    assert record.trajectories(2) == [{"key": "u_0", "reward": 1.0}]
+    path = record.plot(title="smoke")
+    assert path == tmp_path / "tb" / SUMMARY_PNG and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+
+def test_records_go_next_to_the_tensorboard_events_unless_configured(monkeypatch, tmp_path):
+    def config(records=None):
+        base = {"trainer": {"project_name": "proj", "experiment_name": "exp"}}
+        return OmegaConf.create(base | ({"infmem": {"records": records}} if records is not None else {}))
+
+    monkeypatch.delenv("TENSORBOARD_DIR", raising=False)
+    assert records_dir(config()) == Path("tensorboard_log/proj/exp")  # where verl's logger writes
+    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
+    assert records_dir(config({"trajectories": True})) == tmp_path / "tb"
+    assert records_dir(config({"dir": str(tmp_path / "mine")})) == tmp_path / "mine"
+    assert record_settings(config()) == RecordSettings(dir=None, trajectories=False)
+
+
+@pytest.mark.parametrize(
+    "records, message",
+    [
+        ({"dir": 5}, r"infmem\.records\.dir: expected a folder path or null, got 5"),
+        ({"dir": ""}, r"infmem\.records\.dir: expected a folder path or null, got ''"),
+        ({"trajectories": "yes"}, r"infmem\.records\.trajectories: expected true or false, got 'yes'"),
+        ({"trajectory": True}, r"infmem\.records\.trajectory: unknown key"),
+    ],
+)
+def test_bad_records_settings_name_the_key(records, message):
+    with pytest.raises(ConfigError, match=message):
+        record_settings(OmegaConf.create({"infmem": {"records": records}}))
+
+# ---------------------------------------------------------------- a real CPU run, killed and resumed
+#
+# One short training run of the CPU backend (verl's own trainer loop, see infmem_verl/cpu) serves
+# every test below. It saves a checkpoint after each of its 2 steps; it is killed (SIGKILL, the
+# whole process tree) once step 1 is saved and logged, then the same command runs again and
+# resumes. TensorBoard, the run's records, verl's own rollout dump and the checkpoints are then
+# checked against each other.
+
+RUN_TIMEOUT_S = 900
+OPTIMIZER_STEPS = 2  # the smoke recipe's infmem.train.optimizer_steps_per_rl_step
+# A turn breaks the protocol when invalid or, per kind, with one of these flags (the reward's rule).
+PROTOCOL_FLAGS = {"prethink": {FLAG_INVALID_ACTION}, "write": set(MEMORY_FAILURES), "answer": set()}
+
+
+def letters(record) -> float:
+    """Reward component: the share of ASCII letters in the final answer text.
+
+    Random text scores differently per trajectory, so the reward is not the constant 0 that exact
+    match gives a random model and a wrong average would show. Imported by the reward worker as
+    ``test_metrics_tb.letters``.
+    """
+    text = record.solution_str
+    return sum(c.isascii() and c.isalpha() for c in text) / max(len(text), 1)
+
+
+@dataclass
+class Run:
+    """The folders of the killed-and-resumed run, and its two processes' outputs."""
+
+    root: Path
+    first_output: str
+    second_output: str
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "tensorboard"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def records(self) -> RunRecord:
+        return RunRecord(self.tensorboard)
+
+
+def _command(root: Path, model_dir: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "infmem_verl.main", "+recipe=smoke",
+        f"actor_rollout_ref.model.path={model_dir}",
+        f"data.train_files={root}/train.parquet", f"data.val_files={root}/val.parquet",
+        # Two chunks per document and small budgets: every row costs a CPU forward and backward pass.
+        "infmem.bootstrap.doc_tokens=1200",
+        "infmem.agent.document={chunk_tokens:600,unit_tokens:150,unit_overlap:30,paragraph_units:false}",
+        "infmem.agent.memory_tokens=16",
+        "infmem.agent.prethink={prompt_tokens:1024,thinking_tokens:8,output_tokens:16}",
+        "infmem.agent.write={prompt_tokens:null,thinking_tokens:8,output_tokens:16}",
+        "infmem.agent.answer={prompt_tokens:1024,thinking_tokens:8,output_tokens:16}",
+        "+infmem.reward.components.letters={_target_:test_metrics_tb.letters,weight:1.0}",
+        # One prompt x n=2 per step and no KL reference: the fewest forward and backward passes.
+        "data.train_batch_size=1", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+        "actor_rollout_ref.actor.use_kl_loss=false",
+        "trainer.total_training_steps=2", "trainer.test_freq=2",
+        "trainer.save_freq=1", "trainer.resume_mode=auto", f"trainer.default_local_dir={root}/checkpoints",
+        f"trainer.rollout_data_dir={root}/rollouts", "trainer.logger=[console,tensorboard]",
+        "infmem.records.trajectories=true",
+    ]  # fmt: skip
+
+
+def _environment(root: Path) -> dict[str, str]:
+    tests = str(Path(__file__).parent)
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TENSORBOARD_DIR": str(root / "tensorboard"),
+        "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])),
+    }
+
+
+def tensorboard_scalars(path: Path) -> dict[str, dict[int, float]]:
+    """Every scalar of one event file: tag -> {step: value}."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.util.tensor_util import make_ndarray
+
+    scalars: dict[str, dict[int, float]] = {}
+    for event in EventFileLoader(str(path)).Load():
+        for value in event.summary.value:
+            if value.metadata.plugin_data.plugin_name == "scalars":
+                scalars.setdefault(value.tag, {})[event.step] = float(make_ndarray(value.tensor))
+    return scalars
+
+
+def _step_one_is_saved_and_logged(root: Path) -> bool:
+    """Checkpoint 1 complete, step 1 on the console (Ray relays it with a delay) and in TensorBoard."""
+    tracker = root / "checkpoints" / "latest_checkpointed_iteration.txt"
+    if not tracker.is_file() or tracker.read_text().strip() != "1":
+        return False
+    if "step:1 - " not in (root / "first.log").read_text(errors="replace"):
+        return False
+    events = sorted((root / "tensorboard").glob("events.out.tfevents.*"))
+    return bool(events) and 1 in tensorboard_scalars(events[0]).get("infmem/reward", {})
+
+
+def _kill_tree(process: subprocess.Popen) -> None:
+    """SIGKILL the run and every process it started (Ray's included): a crash, as the run sees it."""
+    tree = [process, *psutil.Process(process.pid).children(recursive=True)]
+    for member in tree:
+        try:
+            member.kill()
+        except psutil.NoSuchProcess:
+            pass
+    process.wait(timeout=60)
+    psutil.wait_procs([p for p in tree[1:] if p.is_running()], timeout=60)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, tiny_model_dir) -> Run:
+    root = tmp_path_factory.mktemp("killed_and_resumed")
+    command, env = _command(root, tiny_model_dir), _environment(root)
+    log = (root / "first.log").open("w")
+    first = subprocess.Popen(command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    try:
+        while not _step_one_is_saved_and_logged(root):
+            assert first.poll() is None, f"the first run ended early:\n{(root / 'first.log').read_text()[-4000:]}"
+            assert time.monotonic() < deadline, "step 1 was not saved and logged in time"
+            time.sleep(0.5)
+    finally:
+        _kill_tree(first)
+        log.close()
+    second = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-4000:]
+    return Run(root, (root / "first.log").read_text(), second.stdout + second.stderr)
+
+
+def test_the_killed_run_resumes_from_its_last_checkpoint_with_its_step_count(run):
+    first, second = sorted(run.tensorboard.glob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime)
+    assert set(tensorboard_scalars(first)["infmem/reward"]) == {1}  # killed during step 2
+    assert set(tensorboard_scalars(second)["infmem/reward"]) == {2}  # resumed at step 2, not 1
+    assert "[infmem cpu] step 2/2" in run.second_output and "step 1/2" not in run.second_output
+    assert [s["step"] for s in run.records.steps()] == [1, 2]
+    assert (run.checkpoints / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+
+
+def test_the_resumed_run_continues_the_optimizer_state_and_the_weights(run, tiny_model_dir):
+    from infmem_verl.cpu.engine import load_model
+    from infmem_verl.cpu.server import weights_digest
+
+    step = {n: run.checkpoints / f"global_step_{n}" / "actor" for n in (1, 2)}
+    optimizer = {n: torch.load(p / "optim_world_size_1_rank_0.pt", weights_only=True) for n, p in step.items()}
+    adam_steps = {n: {float(s["step"]) for s in o["state"].values()} for n, o in optimizer.items()}
+    # AdamW's step count per parameter goes on from the checkpoint; a fresh optimizer would be at 2 again.
+    assert adam_steps == {1: {OPTIMIZER_STEPS}, 2: {2 * OPTIMIZER_STEPS}}
+    extra = {n: torch.load(p / "extra_state_world_size_1_rank_0.pt", weights_only=False) for n, p in step.items()}
+    schedule = {n: e["lr_scheduler"] for n, e in extra.items()}
+    assert (schedule[1]["last_epoch"], schedule[2]["last_epoch"]) == (1, 2)
+
+    # The generation actor served the checkpoint's weights in step 2, not the initial model's.
+    saved = load_model(str(tiny_model_dir))
+    saved.load_state_dict(torch.load(step[1] / "model_world_size_1_rank_0.pt", weights_only=True))
+    served = {s["step"]: s["cpu/weights/before_rollout"] for s in run.records.steps()}
+    assert served[2] == weights_digest(saved) != served[1] == weights_digest(load_model(str(tiny_model_dir)))
+
+
+def test_tensorboard_holds_trajectory_level_metrics_that_match_the_runs_own_records(run):
+    tensorboard: dict[str, dict[int, float]] = {}
+    for path in run.tensorboard.glob("events.out.tfevents.*"):
+        for tag, values in tensorboard_scalars(path).items():
+            tensorboard.setdefault(tag, {}).update(values)
+    names = [
+        "reward", "letters", "outcome", "early_stop", "protocol", "acc", "chunks_read", "stopped",
+        "stopped_early", "retrieval_calls", "memory_tokens", "llm_calls", "llm_sequences", "tokens",
+        "protocol_error_rate/prethink", "protocol_error_rate/write", "protocol_error_rate/answer",
+        "optimizer_steps", "clip_fraction", "log_prob_gap/mean", "step_time_s",
+    ]  # fmt: skip
+    for step in (1, 2):
+        recorded = run.records.steps()[step - 1]
+        for name in names:
+            assert tensorboard[f"infmem/{name}"][step] == pytest.approx(recorded[f"infmem/{name}"], rel=1e-6), name
+        trajectories = run.records.trajectories(step)
+        assert len(trajectories) == recorded["infmem/trajectories"] == 2  # 1 prompt x n=2
+        # Recomputed here from the raw turns of each trajectory, then averaged over trajectories.
+        turns = [t["turns"] for t in trajectories]
+        expect = {
+            "chunks_read": np.mean([sum(x["turn_kind"] == "write" for x in t) for t in turns]),
+            "llm_calls": np.mean([sum(x["llm_calls"] for x in t) for t in turns]),
+            "llm_sequences": np.mean([len(t) for t in turns]),
+            "tokens": np.mean([sum(x["prompt_tokens"] + x["response_tokens"] for x in t) for t in turns]),
+            "reward": np.mean([t["values"]["reward"] for t in trajectories]),
+        }
+        for kind in ("prethink", "write", "answer"):
+            of_kind = [x for t in turns for x in t if x["turn_kind"] == kind]
+            broken = [not x["valid"] or bool(set(x["flags"]) & PROTOCOL_FLAGS[kind]) for x in of_kind]
+            expect[f"protocol_error_rate/{kind}"] = np.mean(broken)
+        for name, value in expect.items():
+            assert tensorboard[f"infmem/{name}"][step] == pytest.approx(value, rel=1e-5), name
+        assert recorded["infmem/optimizer_steps"] == recorded["actor/optimizer_steps"] == OPTIMIZER_STEPS
+
+        # verl's own dump of the step's sequences: the same trajectories, sequence counts and rewards.
+        dumped = [json.loads(line) for line in (run.root / "rollouts" / f"{step}.jsonl").read_text().splitlines()]
+        sessions: dict[str, list[float]] = {}
+        for row in dumped:
+            sessions.setdefault(row["uid"].rsplit("_", 1)[0], []).append(row["score"])
+        # verl pads the batch with zero-weight rows of its own ("pad<hex>" keys, padding_utils.py).
+        padding = [key for key in sessions if key not in {t["key"] for t in trajectories}]
+        assert all(key.startswith("pad") and not any(sessions.pop(key)) for key in padding)
+        assert sorted(sessions) == sorted(t["key"] for t in trajectories)
+        assert tensorboard["infmem/llm_sequences"][step] == pytest.approx(np.mean([len(s) for s in sessions.values()]))
+        final_scores = [s[-1] for s in sessions.values()]
+        assert tensorboard["infmem/reward"][step] == pytest.approx(np.mean(final_scores), rel=1e-5)
+        assert len({round(score, 6) for score in final_scores}) > 1  # the rewards differ: the mean means something
+
+    # Validation: the same summary over the final sequences verl keeps, agreeing with verl's own mean@1.
+    validation = {tag.split("/", 1)[1]: v[2] for tag, v in tensorboard.items() if tag.startswith("val-infmem/")}
+    assert validation["trajectories"] == 2
+    assert {"reward", "acc", "chunks_read", "protocol_error_rate/write"} <= set(validation)
+    [verl_mean] = [v[2] for tag, v in tensorboard.items() if re.fullmatch(r"val-aux/[^/]+/chunks_read/mean@1", tag)]
+    assert validation["chunks_read"] == pytest.approx(verl_mean)
+    summary = run.tensorboard / SUMMARY_PNG
+    assert summary.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"run summary: {summary}" in run.second_output
+
+
+def test_the_cpu_checkpoint_exports_to_a_model_with_the_trained_log_probs(run, tmp_path, tokenizer):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from infmem_verl.export import export_checkpoint
+
+    result = export_checkpoint(run.checkpoints, tmp_path / "hf")  # the run folder: its latest step
+    assert result.checkpoint.global_step == 2
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    config = AutoConfig.from_pretrained(result.checkpoint.path / "huggingface")
+    trained = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    weights = torch.load(result.checkpoint.path / "model_world_size_1_rank_0.pt", weights_only=True)
+    # The engine's weights at bfloat16, what verl's merger writes (buffers such as RoPE's stay float32).
+    trained.load_state_dict({name: tensor.bfloat16().float() for name, tensor in weights.items()})
+    ids = torch.tensor(tokenizer(wiki_paragraphs()[3]["text"])["input_ids"][:120])
+    with torch.no_grad():
+        ours = torch.log_softmax(exported.float()(input_ids=ids[None]).logits[0, :-1], -1)
+        theirs = torch.log_softmax(trained(input_ids=ids[None]).logits[0, :-1], -1)
+    assert torch.equal(ours.gather(1, ids[1:, None]), theirs.gather(1, ids[1:, None]))
+
+
+def test_the_gpu_smoke_health_check_reads_a_real_runs_log_and_files(run, tmp_path):
+    """recipes/gpu_smoke.sh --check-only on this run's outputs: every check passes but the one that
+    wants the GPU backend (this run is the CPU backend's)."""
+    from infmem_verl.export import export_checkpoint
+
+    out = tmp_path / "gpu_smoke"
+    out.mkdir()
+    (out / "train.log").write_text(run.first_output + run.second_output)
+    (out / "tensorboard").symlink_to(run.tensorboard)
+    (out / "checkpoints").symlink_to(run.checkpoints)
+    export_checkpoint(run.checkpoints, out / "hf_export")
+    script = Path(__file__).parents[1] / "recipes" / "gpu_smoke.sh"
+    result = subprocess.run(
+        ["bash", str(script), "--check-only", "--out", str(out), "--steps", "2", "--python", sys.executable],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr
+    failed = [line for line in result.stdout.splitlines() if line.startswith("  FAIL")]
+    passed = [line for line in result.stdout.splitlines() if line.startswith("  ok")]
+    assert failed == ["  FAIL  backend line names stock verl on the GPU ([infmem] backend: gpu)"]
+    assert len(passed) == 8, result.stdout
