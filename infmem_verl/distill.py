@@ -83,6 +83,7 @@ from infmem_verl.evaluation.data import CellSource, LoadFailure, synthetic_sourc
 from infmem_verl.evaluation.runner import Runner
 from infmem_verl.evaluation.store import MANIFEST, ResultStore
 from infmem_verl.policy.openai import ErrorKind
+from infmem_verl.policy.source import ModelSource, OpenedModel, add_model_options, model_options, open_model
 from infmem_verl.reward.metrics import score_answer
 from infmem_verl.sft.records import RecordError, TurnRecord, TurnStore, read_turns
 from infmem_verl.sft.samples import AnswerCopies, SFTWriter, TokenizerStamp, answer_copy_count, sft_paths, split_of, trajectory_samples
@@ -526,61 +527,22 @@ def _failure_kind(reason: str) -> str:
 # ------------------------------------------------------------------------------------ run
 
 
-@dataclass
-class TeacherModel:
-    """The teacher policy, the student's tokenizer (prompts are built with it), and the teacher's
-    name as the manifest records it."""
-
-    policy: Policy
-    tokenizer: Any
-    name: str
-
-
-async def open_teacher(cfg: DistillConfig) -> TeacherModel:
-    """The teacher of ``cfg``: its servers, or without them the in-process model."""
-    from infmem_verl.assets import load_tokenizer
-    from infmem_verl.policy.transformers import TransformersPolicy, end_token_ids
-
-    if not cfg.endpoints:
-        from infmem_verl.assets import tiny_qwen3_dir
-
-        model_dir = cfg.model_dir or tiny_qwen3_dir()
-        policy = TransformersPolicy.from_pretrained(model_dir, seed=cfg.seed, max_batch=cfg.concurrency)
-        tokenizer = load_tokenizer(str(cfg.tokenizer)) if cfg.tokenizer else policy.tokenizer
-        return TeacherModel(policy, tokenizer, f"in-process:{Path(model_dir).name}")
-    from infmem_verl.policy.openai import OpenAIPolicy
-
-    tokenizer = load_tokenizer(str(cfg.tokenizer) if cfg.tokenizer else None)
-    policy, info = await OpenAIPolicy.connect(
-        "distill",
-        cfg.endpoints,
-        end_token_ids(tokenizer),
-        cfg.model,
-        timeout_s=cfg.request_timeout_s,
-        max_retries=cfg.max_retries,
-        backoff_s=cfg.backoff_s,
-        max_concurrency=cfg.concurrency,
-        seed=cfg.seed,
-    )
-    return TeacherModel(policy, tokenizer, info.model)
-
-
 def _source(cfg: DistillConfig, tokenizer: Any) -> CellSource:
     if cfg.data is not None:
         return training_source(cfg.data, cfg.samples)
     return synthetic_sources([cfg.synthetic_length], cfg.samples or 4, tokenizer, cfg.seed)[0]
 
 
-async def run_teacher(cfg: DistillConfig, teacher: TeacherModel | None = None) -> tuple[ResultStore, TurnStore, str, AgentConfig, Any]:
+async def run_teacher(cfg: DistillConfig, teacher: OpenedModel | None = None) -> tuple[ResultStore, TurnStore, str, AgentConfig, Any]:
     """Run (or resume) the teacher over the data; returns the store and what the SFT build needs.
 
-    ``teacher``: a ready teacher (tests, scripted teachers); by default :func:`open_teacher`'s,
-    closed at the end.
+    ``teacher``: a ready teacher (tests, scripted teachers); by default the model ``cfg`` names
+    (:func:`~infmem_verl.policy.source.open_model`), closed at the end.
     """
     agent_name, recipe_cfg = recipe_agent(cfg.recipe, cfg.overrides)
     agent_cfg = teacher_agent_config(cfg, recipe_cfg)
     hints = load_decompositions(cfg.decomposition) if cfg.decomposition else {}
-    model = teacher or await open_teacher(cfg)
+    model = teacher or await open_model(ModelSource.of(cfg), "distill")
     try:
         store = ResultStore(cfg.out, protocol(cfg, agent_name, agent_cfg, model.name, TokenizerStamp.of(model.tokenizer)))
         turns = TurnStore(cfg.out)
@@ -591,9 +553,8 @@ async def run_teacher(cfg: DistillConfig, teacher: TeacherModel | None = None) -
         counts = await runner.run([_source(cfg, model.tokenizer)])
         print(f"[distill] this run: {counts.ran} samples run ({counts.failed} failed), {counts.skipped} already done")
     finally:
-        close = getattr(model.policy, "close", None)
-        if teacher is None and close is not None:
-            await close()
+        if teacher is None:
+            await model.close()
     return store, turns, agent_name, agent_cfg, model.tokenizer
 
 
@@ -612,7 +573,7 @@ def saved_run(cfg: DistillConfig) -> tuple[ResultStore, TurnStore, str, AgentCon
     return ResultStore(cfg.out, saved), TurnStore(cfg.out), saved["agent"], agent_config(saved["agent_config"]), tokenizer
 
 
-async def distill(cfg: DistillConfig, teacher: TeacherModel | None = None) -> DistillReport:
+async def distill(cfg: DistillConfig, teacher: OpenedModel | None = None) -> DistillReport:
     """Run the teacher (unless ``run_teacher`` is off), build the SFT files, write the report."""
     cfg.validate()
     store, turns, agent, agent_cfg, tokenizer = await run_teacher(cfg, teacher) if cfg.run_teacher else saved_run(cfg)
@@ -635,16 +596,9 @@ def parse_args(argv: Sequence[str] | None = None) -> DistillConfig:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="Hydra override of that composition (repeatable)")
     parser.add_argument("--samples", type=int, help="first N rows only (synthetic: N samples, default 4)")
     parser.add_argument("--synthetic-length", default="4k", help="document length of the synthetic set")
-    parser.add_argument("--endpoint", dest="endpoints", action="append", default=[], help="teacher server URL (repeatable)")
-    parser.add_argument("--model", help="served model name (default: the server's first)")
-    parser.add_argument("--model-dir", type=Path, help="in-process teacher folder (default: the tiny random Qwen3)")
-    parser.add_argument("--tokenizer", type=Path, help="the student's tokenizer folder (default: Qwen3's)")
+    add_model_options(parser, "teacher", concurrency=64)
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--top-p", type=float, default=0.95)
-    parser.add_argument("--concurrency", type=int, default=64, help="samples (and requests) in flight")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per HTTP request")
-    parser.add_argument("--retries", type=int, default=3, help="retries of a failed request")
-    parser.add_argument("--backoff", type=float, default=0.5, help="first retry delay, seconds (doubles)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", choices=("correct", "all"), default="correct")
     parser.add_argument("--metric", choices=METRICS, default="em", help="answer score --keep correct uses")
@@ -670,16 +624,9 @@ def parse_args(argv: Sequence[str] | None = None) -> DistillConfig:
         overrides=args.overrides,
         samples=args.samples,
         synthetic_length=args.synthetic_length,
-        endpoints=args.endpoints,
-        model=args.model,
-        model_dir=args.model_dir,
-        tokenizer=args.tokenizer,
+        **model_options(args),
         temperature=args.temperature,
         top_p=args.top_p,
-        concurrency=args.concurrency,
-        request_timeout_s=args.timeout,
-        max_retries=args.retries,
-        backoff_s=args.backoff,
         seed=args.seed,
         keep=args.keep,
         metric=args.metric,

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from infmem_verl.agent.config import ConfigError
+from infmem_verl.policy.source import ModelSource, add_model_options, model_options, open_model
 
 from .evaluation.aggregate import aggregate
 from .evaluation.config import PRESETS, DataSpec, EvalConfig
@@ -51,14 +52,7 @@ def parse_args(argv: Sequence[str] | None = None) -> EvalConfig:
     parser.add_argument("--pool", action="append", default=[], metavar="DATASET=PATH", help="official file whose paragraph pool expands index contexts")
     parser.add_argument("--samples", type=int, help="samples per cell (default: all; synthetic: 2 embedded, 16 otherwise)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--endpoint", action="append", default=[], help="OpenAI-compatible server URL (repeatable)")
-    parser.add_argument("--model", help="served model name (default: the server's first)")
-    parser.add_argument("--model-dir", type=Path, help="in-process model folder (default: the tiny random Qwen3)")
-    parser.add_argument("--tokenizer", type=Path, help="tokenizer folder (default: Qwen3's, or --model-dir's)")
-    parser.add_argument("--concurrency", type=int, default=8, help="samples in flight")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per HTTP request")
-    parser.add_argument("--retries", type=int, default=3, help="retries of a failed request")
-    parser.add_argument("--backoff", type=float, default=0.5, help="first retry delay, seconds (doubles)")
+    add_model_options(parser, "model", concurrency=8)
     parser.add_argument("--context-window", type=int, help="full-context baseline window (default: the server's max_model_len)")
     parser.add_argument("--out", type=Path, help="output folder (default: runs/eval/<preset>)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="agent setting, e.g. document.chunk_tokens=2000")
@@ -76,14 +70,7 @@ def parse_args(argv: Sequence[str] | None = None) -> EvalConfig:
         pools=dict(_pair(text, "--pool") for text in args.pool),
         samples=args.samples,
         seed=args.seed,
-        endpoints=args.endpoint,
-        model=args.model,
-        model_dir=args.model_dir,
-        tokenizer=args.tokenizer,
-        concurrency=args.concurrency,
-        request_timeout_s=args.timeout,
-        max_retries=args.retries,
-        backoff_s=args.backoff,
+        **model_options(args),
         context_window=args.context_window,
         agent=_overrides(args.set),
         published_backbone=args.published_backbone,
@@ -165,55 +152,26 @@ def _sources(cfg: EvalConfig, tokenizer) -> tuple[list[CellSource], int | None]:
     return synthetic_sources(cfg.lengths or lengths, samples, tokenizer, cfg.seed), samples
 
 
-async def _policy(cfg: EvalConfig):
-    """The policy, its tokenizer, the model's identity and context window."""
-    from infmem_verl.assets import load_tokenizer
-    from infmem_verl.policy.transformers import TransformersPolicy, end_token_ids
-
-    if not cfg.endpoints:
-        from infmem_verl.assets import tiny_qwen3_dir
-
-        model_dir = cfg.model_dir or tiny_qwen3_dir()
-        policy = TransformersPolicy.from_pretrained(model_dir, seed=cfg.seed, max_batch=cfg.concurrency)
-        tokenizer = load_tokenizer(str(cfg.tokenizer)) if cfg.tokenizer else policy.tokenizer
-        window = cfg.context_window or policy.model.config.max_position_embeddings
-        return policy, tokenizer, f"in-process:{Path(model_dir).name}", window
-    from infmem_verl.policy.openai import OpenAIPolicy
-
-    tokenizer = load_tokenizer(str(cfg.tokenizer) if cfg.tokenizer else None)
-    policy, info = await OpenAIPolicy.connect(
-        "eval",
-        cfg.endpoints,
-        end_token_ids(tokenizer),
-        cfg.model,
-        timeout_s=cfg.request_timeout_s,
-        max_retries=cfg.max_retries,
-        backoff_s=cfg.backoff_s,
-        max_concurrency=cfg.concurrency,
-    )
-    return policy, tokenizer, info.model, cfg.context_window or info.max_model_len or FALLBACK_WINDOW
-
-
 async def evaluate(cfg: EvalConfig) -> Path:
     """Run (or resume) the evaluation ``cfg`` describes and write its report."""
     preset = cfg.resolved_preset()
     agent_cfg = cfg.agent_config()
-    policy, tokenizer, model, window = await _policy(cfg)
+    source = ModelSource.of(cfg)
+    opened = await open_model(source, "eval")
+    tokenizer, model = opened.tokenizer, opened.name
+    window = cfg.context_window or opened.context_window or FALLBACK_WINDOW
     try:
         protocol = {"preset": preset.name, "agent": dataclasses.asdict(agent_cfg), "model": model, "context_window": window}
         store = ResultStore(cfg.out, protocol)
         sources, limit = _sources(cfg, tokenizer)
         methods = build_methods(cfg.methods, agent_cfg, tokenizer, window)
-        runner = Runner(policy, methods, store, cfg.concurrency, cfg.retry_failed, cfg.progress)
+        runner = Runner(opened.policy, methods, store, cfg.concurrency, cfg.retry_failed, cfg.progress)
         counts = await runner.run(sources, limit)
     finally:
-        close = getattr(policy, "close", None)
-        if close is not None:
-            await close()
+        await opened.close()
     stats = aggregate(store.latest(), cfg.published_backbone)
-    where = ", ".join(cfg.endpoints) if cfg.endpoints else "in-process transformers"
     header = (
-        f"Model `{model}` ({where}), concurrency {cfg.concurrency}, context window {window}. "
+        f"Model `{model}` ({source.describe()}), concurrency {cfg.concurrency}, context window {window}. "
         f"This run: {counts.ran} samples run ({counts.failed} failed), {counts.skipped} already done."
     )
     report = write_report(cfg.out, stats, preset, cfg.published_backbone, header)

@@ -21,8 +21,9 @@ import pytest
 from data_prep.training import TrainingWriter
 from infmem_verl.agent.config import ConfigError
 from infmem_verl.data.synthetic import make_dataset
-from infmem_verl.distill import DistillConfig, TeacherModel, distill, parse_args, recipe_agent
+from infmem_verl.distill import DistillConfig, distill, parse_args, recipe_agent
 from infmem_verl.policy.scripted import ScriptedPolicy
+from infmem_verl.policy.source import OpenedModel
 from infmem_verl.sft.samples import answer_copy_count, sft_paths
 from infmem_verl.sft.shorten import ShortenConfig
 
@@ -68,7 +69,7 @@ def call_kind(text: str) -> str:
 
 
 def scripted_teacher(tokenizer, samples, *, answers: dict[str, str] | None = None,
-                     special: Callable[[str, str], str | None] | None = None) -> TeacherModel:  # fmt: skip
+                     special: Callable[[str, str], str | None] | None = None) -> OpenedModel:  # fmt: skip
     """A teacher that retrieves once per chunk, writes a short memory and answers ``answers``
     (default: every gold); ``special(kind, prompt_text)`` may replace any reply."""
     answers = answers or {s.question: s.answers[0] for s in samples}
@@ -88,7 +89,7 @@ def scripted_teacher(tokenizer, samples, *, answers: dict[str, str] | None = Non
             return f"<think>\nThe memory names the town.\n</think>\n\n\\boxed{{{answer}}}"
         return "Short reasoning."
 
-    return TeacherModel(ScriptedPolicy(tokenizer, respond), tokenizer, "scripted")
+    return OpenedModel(ScriptedPolicy(tokenizer, respond), tokenizer, "scripted")
 
 
 def config(out: Path, data: Path, **kw) -> DistillConfig:

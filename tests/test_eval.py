@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from data_prep.published import PublishedWriter
+from infmem_verl import distill as distill_cli
 from infmem_verl import eval as eval_cli
 from infmem_verl.agent.config import ConfigError
 from infmem_verl.data.synthetic import make_dataset
@@ -24,6 +25,7 @@ from infmem_verl.evaluation.methods import BaselineMethod, cut_middle
 from infmem_verl.evaluation.published import lookup
 from infmem_verl.evaluation.store import Key, ResultStore
 from infmem_verl.policy.scripted import ScriptedPolicy
+from infmem_verl.policy.source import ModelSource
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 REQUIRED = {
@@ -207,3 +209,16 @@ def test_baselines_fit_the_window_and_bm25_finds_the_facts(tokenizer, samples):
     assert sample.meta["facts"][0]["text"] in text, "the question names fact A's entity; BM25 must find it"
     with pytest.raises(ValueError, match="context_window"):
         asyncio.run(BaselineMethod("full_context", cfg, tokenizer, window=64).run(policy, sample))
+
+
+def test_eval_and_distillation_read_the_same_model_options_the_same_way(tmp_path):
+    flags = [
+        "--endpoint", "http://h1:8000", "--endpoint", "http://h2:8000", "--model", "m", "--tokenizer", str(tmp_path),
+        "--concurrency", "3", "--timeout", "9", "--retries", "1", "--backoff", "0.1", "--seed", "5",
+    ]  # fmt: skip
+    evaluation = ModelSource.of(eval_cli.parse_args(flags))
+    distillation = ModelSource.of(distill_cli.parse_args(["--out", str(tmp_path / "out"), *flags]))
+    expected = ModelSource(("http://h1:8000", "http://h2:8000"), "m", None, tmp_path, 5, 3, 9.0, 1, 0.1)
+    assert evaluation == distillation == expected
+    assert expected.describe() == "http://h1:8000, http://h2:8000"
+    assert ModelSource.of(eval_cli.parse_args([])).describe() == "in-process transformers"
