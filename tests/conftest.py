@@ -22,3 +22,14 @@ def tiny_model_dir(tmp_path_factory):
     from infmem_verl.assets import tiny_qwen3_dir
 
     return tiny_qwen3_dir(cache_dir=tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model_dir, tmp_path_factory):
+    """One real CPU vLLM server (``.venv-vllm``) serving the tiny Qwen3 for the whole session:
+    a start costs ~45 s on 2 cores. A test that kills it starts it again on the same port."""
+    from vllm_server import VLLMServer
+
+    server = VLLMServer(tiny_model_dir, tmp_path_factory.mktemp("vllm") / "server.log").start()
+    yield server
+    server.stop()

