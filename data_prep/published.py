@@ -84,10 +84,13 @@ def read_published(
     path = Path(path)
     for rec in iter_json_records(path):
         where = f"{path}:{rec.line}: record #{rec.number}"
-        yield _sample(rec.value, where, path.stem, pool, source)
+        yield published_sample(rec.value, where, path.stem, pool, source)
 
 
-def _sample(record: Any, where: str, stem: str, pool: Sequence[str] | None, source: str) -> QASample:
+def published_sample(record: Any, where: str, stem: str, pool: Sequence[str] | None, source: str) -> QASample:
+    """One record of a published file as a sample; a malformed record raises DataError naming
+    ``where`` and the field. Readers that must go on past a bad record (the evaluation records a
+    load failure per record) call this per record; ``read_published`` stops at the first."""
     if not isinstance(record, Mapping):
         raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
     index = record.get("index")

@@ -23,7 +23,7 @@ from typing import Callable, Iterator, Sequence
 
 from data_prep.compose import parse_size
 from data_prep.io import DataError, iter_json_records
-from data_prep.published import _sample as published_sample  # the per-record reader of read_published
+from data_prep.published import published_sample
 from infmem_verl.data.sample import QASample
 from infmem_verl.data.synthetic import make_sample
 
