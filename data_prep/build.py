@@ -35,7 +35,7 @@ from .closed_book import ClosedBookSettings, keep_unanswered, load_policy
 from .compose import PoolCounter, Target, compose, parse_size, render_context, sample_rng
 from .io import DataError, atomic_outputs, finished, manifest_path, write_manifest
 from .published import PublishedWriter
-from .sources import SOURCES, SourceQuestion, SourceSet, load_source
+from .sources import SOURCES, SourceQuestion, SourceSet, load_pool, load_source
 from .training import AGENT_LOOPS, TrainingWriter, store_path
 
 FORMAT_VERSION = 1
@@ -44,6 +44,8 @@ _TASKS = {"squad": "qa_1", "hotpotqa": "qa_2", "musique": "qa_3", "2wiki": "qa_4
 # Above these sizes the reference stores contexts as pool indices (different_docs_eval.py, qa.py).
 _INDEX_ABOVE_DOCS = 10_000
 _INDEX_ABOVE_TOKENS = 2_000_000
+# Invalid questions named on the console with --skip-invalid (the count is in every output's manifest).
+_INVALID_SHOWN = 5
 
 Format = Literal["parquet", "published"]
 
@@ -79,6 +81,8 @@ class BuildSpec:
     inline_context: bool = False
     tokenizer: str | None = None  # tokenizer folder; None: Qwen3's
     closed_book: ClosedBookFilter | None = None
+    # Leave out questions that fail their checks (listed in the manifest) instead of stopping.
+    skip_invalid: bool = False
     overwrite: bool = False
 
     @property
@@ -167,11 +171,15 @@ def build(spec: BuildSpec, tokenizer=None, policy=None) -> list[JobResult]:
             pending.append((target, paths, params))
     if not pending:
         return [results[target] for target in targets]
-    data = load_source(spec.source, spec.input)
+    data = load_source(spec.source, spec.input, skip_invalid=spec.skip_invalid)
+    if data.invalid:
+        shown = "\n  ".join(data.invalid[:_INVALID_SHOWN])
+        more = f"\n  ... and {len(data.invalid) - _INVALID_SHOWN} more" if len(data.invalid) > _INVALID_SHOWN else ""
+        print(f"--skip-invalid: left out {len(data.invalid)} invalid question(s) of {spec.input}:\n  {shown}{more}", file=sys.stderr)
     questions, dropped = _select(spec, data.questions, tokenizer, policy)
     blocked = held_out_mask(data, spec.exclude_pools)
     counter = PoolCounter(data.pool, tokenizer)
-    counts = {"skipped_unanswerable": data.skipped, "filtered": dropped}
+    counts = {"skipped_unanswerable": data.skipped, "skipped_invalid": len(data.invalid), "filtered": dropped}
     for target, paths, params in pending:
         started = time.perf_counter()
         samples = compose_samples(data, questions, target, counter, blocked, spec.seed, spec.split)
@@ -224,7 +232,7 @@ def held_out_mask(data: SourceSet, exclude: Sequence[Path]) -> np.ndarray | None
         return None
     held_out: set[str] = set()
     for path in exclude:
-        held_out.update(load_source(data.source, path).pool)
+        held_out.update(load_pool(data.source, path))
     return np.fromiter((p in held_out for p in data.pool), dtype=bool, count=len(data.pool))
 
 
@@ -275,6 +283,7 @@ def _params(spec: BuildSpec, target: Target, tokenizer) -> dict[str, Any]:
         "exclude_pools": [_file_identity(p) for p in spec.exclude_pools],
         "tokenizer": {"name": str(getattr(tokenizer, "name_or_path", "")), "vocab": len(tokenizer)},
         "closed_book": None if spec.closed_book is None else asdict(spec.closed_book),
+        "skip_invalid": spec.skip_invalid,
     }
     if spec.output_format == "parquet":
         params |= {"agent_name": spec.agent_name, "inline_context": spec.inline_context}
@@ -382,6 +391,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BuildSpec:
         "--inline-context", action="store_true", help="parquet: also a context column (not for our trainer)"
     )
     parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default: Qwen3's)")
+    parser.add_argument("--skip-invalid", action="store_true", help="leave out questions that fail their checks instead of stopping")
     parser.add_argument("--overwrite", action="store_true", help="rebuild outputs finished with other parameters")
     parser.add_argument("--filter-policy", default=None, help="closed-book filter model, 'module:callable'")
     parser.add_argument("--filter-policy-arg", default=None, help="argument of the filter's callable")
@@ -416,6 +426,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BuildSpec:
         inline_context=args.inline_context,
         tokenizer=args.tokenizer,
         closed_book=closed_book,
+        skip_invalid=args.skip_invalid,
         overwrite=args.overwrite,
     )
 

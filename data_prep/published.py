@@ -130,7 +130,7 @@ def _expand(indices: list[Any], pool: Sequence[str] | None, where: str) -> str:
     if pool is None:
         raise DataError(
             f"{where}: field 'context' holds document indices; pass the split's paragraph pool "
-            f"(load_source(source, official file).pool) to expand it"
+            f"(data_prep.sources.load_pool(source, official file)) to expand it"
         )
     for i, doc in enumerate(indices):
         if isinstance(doc, bool) or not isinstance(doc, int) or not 0 <= doc < len(pool):

@@ -20,7 +20,12 @@ paragraphs, and for SQuAD the other paragraphs of the same article (RULER's hard
 Unanswerable questions (MuSiQue ``answerable: false``, SQuAD v2 ``is_impossible``) are skipped.
 ``index`` is a question's position among the kept questions, the published files' ``index``.
 
-Bad records raise :class:`~data_prep.io.DataError` naming file, line or record, id and field.
+Bad records raise :class:`~data_prep.io.DataError` naming file, line or record, id and field. Real
+splits carry a few noisy questions (e.g. a supporting-fact title missing from the question's own
+context): ``skip_invalid`` (``--skip-invalid``) leaves such questions out and lists them in
+:attr:`SourceSet.invalid` instead, while their paragraphs stay in the pool, so the pool is still
+the reference's (whose generators take every record's context) and index contexts still match.
+A file that does not parse at all is an error either way.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ class SourceSet:
     pool: list[str]
     questions: list[SourceQuestion]
     skipped: int = 0  # unanswerable questions left out
+    invalid: list[str] = field(default_factory=list)  # why each left-out invalid question was (skip_invalid)
 
 
 @dataclass
@@ -70,8 +76,28 @@ class _Parsed:
     where: str = field(repr=False)
 
 
-def load_source(source: str, path: str | os.PathLike) -> SourceSet:
-    """Read the official file ``path`` of ``source`` (one of :data:`SOURCES`)."""
+@dataclass(frozen=True)
+class _Invalid:
+    """A question that failed its checks: the error, and its paragraphs when its context reads."""
+
+    reason: str
+    paragraphs: tuple[str, ...] = ()
+
+
+def _salvage(read: Callable[[], Sequence[str]]) -> tuple[str, ...]:
+    """The paragraphs of an invalid question, or none when its context itself is what is broken."""
+    try:
+        return tuple(read())
+    except (DataError, AttributeError, TypeError):
+        return ()
+
+
+def load_source(source: str, path: str | os.PathLike, skip_invalid: bool = False) -> SourceSet:
+    """Read the official file ``path`` of ``source`` (one of :data:`SOURCES`).
+
+    An invalid question (a field missing or malformed, a repeated id) raises :class:`DataError`;
+    with ``skip_invalid`` it is left out and its reason kept in :attr:`SourceSet.invalid`.
+    """
     if source not in _READERS:
         raise ValueError(f"source: expected one of {', '.join(SOURCES)}, got {source!r}")
     path = Path(path)
@@ -79,18 +105,29 @@ def load_source(source: str, path: str | os.PathLike) -> SourceSet:
         raise FileNotFoundError(f"{path}: {source} input file not found")
     interned: dict[str, str] = {}
     parsed: list[_Parsed] = []
+    invalid: list[str] = []
+    first: dict[str, str] = {}  # id -> where it first occurred
     skipped = 0
     for item in _READERS[source](path):
         if item is None:
             skipped += 1
             continue
+        if isinstance(item, _Parsed) and item.id in first:
+            item = _Invalid(f"{item.where}: field 'id': {item.id!r} repeats the id of {first[item.id]}", (*item.gold, *item.distractors))
+        if isinstance(item, _Invalid):
+            if not skip_invalid:
+                raise DataError(f"{item.reason} (--skip-invalid leaves such questions out)")
+            invalid.append(item.reason)
+            for p in item.paragraphs:
+                interned.setdefault(p, p)
+            continue
+        first[item.id] = item.where
         # Shared paragraphs (the same article in many questions) are kept once in memory.
         item.gold = [interned.setdefault(p, p) for p in item.gold]
         item.distractors = [interned.setdefault(p, p) for p in item.distractors]
         parsed.append(item)
     if not parsed:
-        raise DataError(f"{path}: no answerable {source} questions found")
-    _check_unique_ids(parsed)
+        raise DataError(f"{path}: no answerable {source} questions found" + (f" ({len(invalid)} invalid)" if invalid else ""))
     pool = sorted(interned)
     position = {text: i for i, text in enumerate(pool)}
     questions = [
@@ -104,15 +141,13 @@ def load_source(source: str, path: str | os.PathLike) -> SourceSet:
         )
         for index, item in enumerate(parsed)
     ]
-    return SourceSet(source=source, path=path, pool=pool, questions=questions, skipped=skipped)
+    return SourceSet(source=source, path=path, pool=pool, questions=questions, skipped=skipped, invalid=invalid)
 
 
-def _check_unique_ids(parsed: Sequence[_Parsed]) -> None:
-    first: dict[str, str] = {}
-    for item in parsed:
-        if item.id in first:
-            raise DataError(f"{item.where}: field 'id': {item.id!r} repeats the id of {first[item.id]}")
-        first[item.id] = item.where
+def load_pool(source: str, path: str | os.PathLike) -> list[str]:
+    """The paragraph pool of a split, for index contexts and held-out paragraphs: every question's
+    context counts, valid or not (as :func:`load_source` with ``skip_invalid`` builds it)."""
+    return load_source(source, path, skip_invalid=True).pool
 
 
 # ------------------------------------------------------------------------------ field checks
@@ -213,20 +248,28 @@ def _supporting_titles(record: Mapping[str, Any], where: str, titles: set[str]) 
     return _unique(out)
 
 
-def _read_titled(path: Path, join: Callable[[Sequence[str]], str]) -> Iterator[_Parsed]:
+def _read_titled(path: Path, join: Callable[[Sequence[str]], str]) -> Iterator[_Parsed | _Invalid]:
     """HotpotQA / 2WikiMultihopQA: a JSON array (or JSON lines) of questions with titled context."""
     for rec in iter_json_records(path):
         where = _where(path, rec.number, rec.line, rec.value, "_id")
-        record = _mapping(rec.value, where)
-        qid = _record_id(record, "_id", where)
-        question = _string(record, "question", where)
-        answer = _string(record, "answer", where, hint=" (the test split has no answers; use train or dev)")
-        pairs = _titled_context(record, where, join)
-        gold_titles = set(_supporting_titles(record, where, {title for title, _ in pairs}))
-        gold = _unique([text for title, text in pairs if title in gold_titles])
-        distractors = _unique([text for title, text in pairs if title not in gold_titles and text not in gold])
-        aliases = _list(record, "answer_aliases", where, optional=True)
-        yield _Parsed(qid, question, _answers(answer, aliases, where, "answer_aliases"), gold, distractors, where)
+        try:
+            item: _Parsed | _Invalid = _titled_question(rec.value, where, join)
+        except DataError as err:
+            item = _Invalid(str(err), _salvage(lambda: [text for _, text in _titled_context(rec.value, where, join)]))
+        yield item
+
+
+def _titled_question(value: Any, where: str, join: Callable[[Sequence[str]], str]) -> _Parsed:
+    record = _mapping(value, where)
+    qid = _record_id(record, "_id", where)
+    question = _string(record, "question", where)
+    answer = _string(record, "answer", where, hint=" (the test split has no answers; use train or dev)")
+    pairs = _titled_context(record, where, join)
+    gold_titles = set(_supporting_titles(record, where, {title for title, _ in pairs}))
+    gold = _unique([text for title, text in pairs if title in gold_titles])
+    distractors = _unique([text for title, text in pairs if title not in gold_titles and text not in gold])
+    aliases = _list(record, "answer_aliases", where, optional=True)
+    return _Parsed(qid, question, _answers(answer, aliases, where, "answer_aliases"), gold, distractors, where)
 
 
 def _join_hotpot(sentences: Sequence[str]) -> str:
@@ -243,55 +286,68 @@ def _join_spaced(sentences: Sequence[str]) -> str:
     return out
 
 
-def _read_hotpotqa(path: Path) -> Iterator[_Parsed]:
+def _read_hotpotqa(path: Path) -> Iterator[_Parsed | _Invalid]:
     return _read_titled(path, _join_hotpot)
 
 
-def _read_2wiki(path: Path) -> Iterator[_Parsed]:
+def _read_2wiki(path: Path) -> Iterator[_Parsed | _Invalid]:
     return _read_titled(path, _join_spaced)
 
 
 # ------------------------------------------------------------------------------------ MuSiQue
 
 
-def _read_musique(path: Path) -> Iterator[_Parsed | None]:
+def _read_musique(path: Path) -> Iterator[_Parsed | _Invalid | None]:
     """MuSiQue JSON lines; questions marked ``answerable: false`` are skipped (yield None)."""
     for rec in iter_json_records(path):
         where = _where(path, rec.number, rec.line, rec.value, "id")
-        record = _mapping(rec.value, where)
-        qid = _record_id(record, "id", where)
-        answerable = record.get("answerable", True)
-        if not isinstance(answerable, bool):
-            raise DataError(f"{where}: field 'answerable': expected true or false, got {_shown(answerable)}")
-        if not answerable:
-            yield None
-            continue
-        question = _string(record, "question", where)
-        answer = _string(record, "answer", where)
-        aliases = _list(record, "answer_aliases", where, optional=True)
-        gold, distractors = [], []
-        for i, raw in enumerate(_list(record, "paragraphs", where)):
-            para_where = f"{where}: field 'paragraphs[{i}]'"
-            paragraph = _mapping(raw, where, f"paragraphs[{i}]")
-            title = paragraph.get("title")
-            text = paragraph.get("paragraph_text")
-            supporting = paragraph.get("is_supporting")
-            if not isinstance(title, str) or not isinstance(text, str) or not text.strip():
-                raise DataError(f"{para_where}: expected a string 'title' and a non-empty 'paragraph_text'")
-            if not isinstance(supporting, bool):
-                raise DataError(f"{para_where}.is_supporting: expected true or false, got {_shown(supporting)}")
-            (gold if supporting else distractors).append(f"{title}\n{text}")
-        if not gold:
-            raise DataError(f"{where}: field 'paragraphs': no paragraph has is_supporting = true")
-        gold = _unique(gold)
-        distractors = _unique([p for p in distractors if p not in gold])
-        yield _Parsed(qid, question, _answers(answer, aliases, where, "answer_aliases"), gold, distractors, where)
+        try:
+            item: _Parsed | _Invalid | None = _musique_question(rec.value, where)
+        except DataError as err:
+            item = _Invalid(str(err), _salvage(lambda: [p for part in _musique_paragraphs(rec.value, where) for p in part]))
+        yield item
+
+
+def _musique_question(value: Any, where: str) -> _Parsed | None:
+    record = _mapping(value, where)
+    qid = _record_id(record, "id", where)
+    answerable = record.get("answerable", True)
+    if not isinstance(answerable, bool):
+        raise DataError(f"{where}: field 'answerable': expected true or false, got {_shown(answerable)}")
+    if not answerable:
+        return None
+    question = _string(record, "question", where)
+    answer = _string(record, "answer", where)
+    aliases = _list(record, "answer_aliases", where, optional=True)
+    gold, distractors = _musique_paragraphs(record, where)
+    if not gold:
+        raise DataError(f"{where}: field 'paragraphs': no paragraph has is_supporting = true")
+    gold = _unique(gold)
+    distractors = _unique([p for p in distractors if p not in gold])
+    return _Parsed(qid, question, _answers(answer, aliases, where, "answer_aliases"), gold, distractors, where)
+
+
+def _musique_paragraphs(record: Mapping[str, Any], where: str) -> tuple[list[str], list[str]]:
+    """``paragraphs`` rendered, as (supporting, other) lists."""
+    gold, distractors = [], []
+    for i, raw in enumerate(_list(record, "paragraphs", where)):
+        para_where = f"{where}: field 'paragraphs[{i}]'"
+        paragraph = _mapping(raw, where, f"paragraphs[{i}]")
+        title = paragraph.get("title")
+        text = paragraph.get("paragraph_text")
+        supporting = paragraph.get("is_supporting")
+        if not isinstance(title, str) or not isinstance(text, str) or not text.strip():
+            raise DataError(f"{para_where}: expected a string 'title' and a non-empty 'paragraph_text'")
+        if not isinstance(supporting, bool):
+            raise DataError(f"{para_where}.is_supporting: expected true or false, got {_shown(supporting)}")
+        (gold if supporting else distractors).append(f"{title}\n{text}")
+    return gold, distractors
 
 
 # -------------------------------------------------------------------------------------- SQuAD
 
 
-def _read_squad(path: Path) -> Iterator[_Parsed | None]:
+def _read_squad(path: Path) -> Iterator[_Parsed | _Invalid | None]:
     """SQuAD v1.1 / v2.0 (``{"data": [article...]}``); v2's impossible questions are skipped."""
     document = _mapping(load_json(path), f"{path}: top level")
     articles = _list(document, "data", f"{path}: top level")
@@ -307,7 +363,11 @@ def _read_squad(path: Path) -> Iterator[_Parsed | None]:
         for paragraph_where, context, paragraph in paragraphs:
             others = [c for c in contexts if c != context]
             for q, raw_qa in enumerate(_list(paragraph, "qas", paragraph_where)):
-                yield _squad_question(raw_qa, f"{paragraph_where}.qas[{q}]", context, others)
+                try:
+                    item: _Parsed | _Invalid | None = _squad_question(raw_qa, f"{paragraph_where}.qas[{q}]", context, others)
+                except DataError as err:
+                    item = _Invalid(str(err), (context,))
+                yield item
 
 
 def _squad_question(raw: Any, where: str, context: str, others: list[str]) -> _Parsed | None:
@@ -332,7 +392,8 @@ def _squad_question(raw: Any, where: str, context: str, others: list[str]) -> _P
     return _Parsed(qid, question, _unique(texts), [context], list(others), where)
 
 
-_READERS: dict[str, Callable[[Path], Iterator[_Parsed | None]]] = {
+# Each yields per question: a _Parsed, an _Invalid (failed its checks) or None (unanswerable).
+_READERS: dict[str, Callable[[Path], Iterator[_Parsed | _Invalid | None]]] = {
     "hotpotqa": _read_hotpotqa,
     "2wiki": _read_2wiki,
     "musique": _read_musique,

@@ -29,7 +29,7 @@ from infmem_verl.reward.metrics import normalize_answer
 
 from .io import DataError
 from .published import read_published
-from .sources import SOURCES, load_source
+from .sources import SOURCES, load_pool
 
 ANSWER_TYPES = ("yes/no", "date", "number", "entity", "phrase")
 _MONTHS = "january|february|march|april|may|june|july|august|september|october|november|december"
@@ -188,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> str:
     if (args.source is None) != (args.pool is None):
         parser.error("--source and --pool: give both (the pool's official file and its source) or neither")
     try:
-        pool = load_source(args.source, args.pool).pool if args.pool is not None else None
+        pool = load_pool(args.source, args.pool) if args.pool is not None else None
         tokenizer = None
         if args.tokenizer is not None:
             from infmem_verl.assets import load_tokenizer

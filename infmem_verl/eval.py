@@ -129,9 +129,9 @@ def _sources(cfg: EvalConfig, tokenizer) -> tuple[list[CellSource], int | None]:
             if dataset not in cfg.pools:
                 return None
             if dataset not in pools:
-                from data_prep.sources import load_source
+                from data_prep.sources import load_pool
 
-                pools[dataset] = load_source(dataset, cfg.pools[dataset]).pool
+                pools[dataset] = load_pool(dataset, cfg.pools[dataset])
             return pools[dataset]
 
         return load

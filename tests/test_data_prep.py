@@ -17,7 +17,7 @@ from data_prep.build import BuildSpec, build, compose_samples, main as build_mai
 from data_prep.compose import PoolCounter, Target, parse_size, render_context
 from data_prep.io import DataError, JsonArrayWriter, ParquetRowWriter, iter_json_records
 from data_prep.published import PublishedWriter, published_record, read_published
-from data_prep.sources import load_source
+from data_prep.sources import load_pool, load_source
 from data_prep.training import STORE_SCHEMA, read_training_set, store_path
 from infmem_verl.agent.document import tokenize_document
 from infmem_verl.assets import wiki_paragraphs
@@ -263,6 +263,42 @@ def test_bad_records_name_file_line_record_and_field(files, tmp_path, source, mu
     path = _mutated(files, tmp_path, source, mutate)
     with pytest.raises(DataError, match=message):
         load_source(source, path)
+
+
+def test_skip_invalid_leaves_bad_questions_out_and_their_paragraphs_in_the_pool(files, tmp_path, capsys):
+    def noisy(records):
+        records[5]["supporting_facts"] = [["Nowhere", 0]]  # the noise real splits carry
+        del records[3]["answer"]
+        records[7]["_id"] = "h0-1"  # a repeated id
+
+    path = _mutated(files, tmp_path, "hotpotqa", noisy)
+    with pytest.raises(DataError, match=r"record #3 id='h0-3': field 'answer': missing.*\(--skip-invalid leaves such"):
+        load_source("hotpotqa", path)
+    clean, data = load_source("hotpotqa", files["hotpotqa"]), load_source("hotpotqa", path, skip_invalid=True)
+    assert [q.id for q in data.questions] == [q.id for q in clean.questions if q.id not in {"h0-3", "h0-5", "h0-7"}]
+    assert [re.search(r"record #\d+ id='[^']+'", reason).group() for reason in data.invalid] == [
+        "record #3 id='h0-3'", "record #5 id='h0-5'", "record #7 id='h0-1'",
+    ]  # fmt: skip
+    assert data.pool == clean.pool == load_pool("hotpotqa", path)  # index contexts still match the reference's
+    # A MuSiQue question without its question text, a SQuAD answer without text: left out the same way.
+    musique = _mutated(files, tmp_path, "musique", _set(2, "question", KeyError))
+    assert len(load_source("musique", musique, skip_invalid=True).questions) == MUSIQUE_QUESTIONS - 1
+    assert load_pool("musique", musique) == load_source("musique", files["musique"]).pool
+
+    def bad_answer(document):
+        document["data"][1]["paragraphs"][2]["qas"][0]["answers"] = [{"text": ["Two", "words"]}]
+
+    squad, clean_squad = _mutated(files, tmp_path, "squad", bad_answer), load_source("squad", files["squad"])
+    assert len(load_source("squad", squad, skip_invalid=True).questions) == len(clean_squad.questions) - 1
+    assert load_pool("squad", squad) == clean_squad.pool
+
+    out = tmp_path / "built"
+    argv = ["--source", "hotpotqa", "--input", str(path), "--split", "dev", "--tokens", "8k", "--no-exclude-pool"]
+    (result,) = build_main(argv + ["--out", str(out), "--limit", "4", "--skip-invalid"])
+    manifest = json.loads(dio.manifest_path(result.path).read_text())
+    assert manifest["results"]["skipped_invalid"] == 3 and manifest["params"]["skip_invalid"] is True
+    assert [s.id for s in read_published(result.path)] == ["h0-0", "h0-1", "h0-2", "h0-4"]
+    assert "--skip-invalid: left out 3 invalid question(s)" in capsys.readouterr().err
 
 
 def test_bad_squad_answer_names_its_path_and_id(files, tmp_path):
