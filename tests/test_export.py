@@ -3,21 +3,27 @@
 The GPU backend's checkpoint is real: verl's ``FSDPCheckpointManager`` saving an FSDP2 model
 sharded over two Gloo CPU ranks (tests/fsdp_checkpoint.py). The export must load back into
 transformers and give the same log-probs as the checkpoint's own weights on real text (in
-bfloat16, the precision verl's merger writes), and must not be the untrained model.
+bfloat16, the precision verl's merger writes), must not be the untrained model, and must be
+served by vLLM (the CPU build, ``.venv-vllm``) with the log-probs transformers gives it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
+from infmem_verl.agent.policy import SamplingParams
 from infmem_verl.assets import wiki_paragraphs
 from infmem_verl.export import ExportError, export_checkpoint, find_actor_checkpoint, main
+from infmem_verl.policy.openai import OpenAIPolicy
+from infmem_verl.policy.transformers import TransformersPolicy, end_token_ids
 
 TESTS = Path(__file__).resolve().parent
 
@@ -91,6 +97,28 @@ def test_fsdp_checkpoint_exports_to_a_folder_transformers_loads_with_the_same_lo
 
     assert main([str(actor), str(out)]) == 2  # OUT now holds a model
     assert "folder is not empty; pass --overwrite" in capsys.readouterr().err
+
+
+def test_vllm_serves_the_export_with_the_log_probs_transformers_gives(fsdp_run, tmp_path, tokenizer, tiny_model_dir):
+    from vllm_server import SERVED_NAME, VLLMServer
+
+    out = tmp_path / "hf"
+    export_checkpoint(fsdp_run, out)
+    prompt = text_ids(tokenizer, 120).tolist()
+    server = VLLMServer(out, tmp_path / "server.log").start()  # float32, from the bfloat16 files
+
+    async def generate():
+        async with OpenAIPolicy([server.url], end_token_ids(tokenizer), SERVED_NAME) as policy:
+            return await policy.generate(prompt, SamplingParams(max_tokens=12, temperature=0.0))
+
+    try:
+        generation = asyncio.run(asyncio.wait_for(generate(), 240))
+    finally:
+        server.stop()
+    exported = TransformersPolicy.from_pretrained(out).compute_log_probs(prompt, generation.token_ids, temperature=0.0)
+    np.testing.assert_allclose(generation.log_probs, exported, atol=1e-3)
+    untrained = TransformersPolicy.from_pretrained(tiny_model_dir)
+    assert np.abs(untrained.compute_log_probs(prompt, generation.token_ids, temperature=0.0) - exported).max() > 1e-3
 
 
 def _actor(tmp_path: Path, world_size: int = 1, ranks: int = 1, hf: bool = True) -> Path:
