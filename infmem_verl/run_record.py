@@ -5,8 +5,9 @@ holds everything a person opens after a run):
 
 * ``steps.jsonl`` - one line per training step with every numeric metric logged at that step
   (training ``infmem/...``, validation ``val-infmem/...``, verl's own). Appended and flushed per
-  step, so a killed run keeps what it logged; a resumed run appends, and the last line of a step
-  wins when read back.
+  step, so a killed run keeps what it logged; a resumed run appends. Read back, the lines of one
+  step merge, later values winning: a redone step replaces what the killed run logged of it, and
+  the validation before training (``trainer.val_before_train``) joins its step.
 * ``trajectories/step_<N>.jsonl`` (optional) - one line per trajectory of step N: its ``key``, its
   ``values`` (reward, ``reward_extra_info``, the figures of :mod:`infmem_verl.metrics`) and its
   ``turns`` (every turn's facts with its token counts; memory text left out).
@@ -120,7 +121,7 @@ class RunRecord:
                 file.write(json.dumps(record) + "\n")
 
     def steps(self) -> list[dict[str, float]]:
-        """The step records in step order; for a step logged twice (a resumed run), the last."""
+        """The step records in step order; the lines of a step logged more than once merged, later values winning."""
         if not self.steps_file.is_file():
             return []
         by_step: dict[int, dict[str, float]] = {}
@@ -129,7 +130,7 @@ class RunRecord:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue  # blank, or the torn last line of a run killed while writing it
-            by_step[int(record["step"])] = record
+            by_step.setdefault(int(record["step"]), {}).update(record)
         return [by_step[step] for step in sorted(by_step)]
 
     def trajectories(self, step: int) -> list[dict[str, Any]]:

@@ -154,7 +154,7 @@ def test_log_prob_gap_counts_trained_tokens_only():
     assert log_prob_gap(trainer, rollout, torch.zeros_like(mask)) == {}
 
 
-def test_run_record_keeps_the_last_record_of_a_step_and_plots_the_summary(tmp_path):
+def test_run_record_merges_the_lines_of_a_step_and_plots_the_summary(tmp_path):
     record = RunRecord(tmp_path / "tb")
     assert record.steps() == [] and record.plot() is None
     record.log_step(1, {"infmem/reward": 0.1, "infmem/acc": torch.tensor(0.0), "note": "text", "bad": math.inf})
@@ -162,9 +162,11 @@ def test_run_record_keeps_the_last_record_of_a_step_and_plots_the_summary(tmp_pa
     with record.steps_file.open("a") as file:
         file.write('{"step": 2, "infmem/rew')  # killed while writing step 2
     record.log_step(2, {"infmem/reward": 0.3, "val-infmem/reward": 0.25})  # the resumed run redoes it
+    record.log_step(0, {"val-infmem/reward": 0.05})  # validation before training: written first, read first
     assert record.steps() == [
+        {"step": 0, "val-infmem/reward": 0.05},
         {"step": 1, "infmem/reward": 0.1, "infmem/acc": 0.0},
-        {"step": 2, "infmem/reward": 0.3, "val-infmem/reward": 0.25},
+        {"step": 2, "infmem/reward": 0.3, "infmem/chunks_read": 3.0, "val-infmem/reward": 0.25},
     ]
     record.log_trajectories(2, [{"key": "u_0", "reward": 1.0}])
     assert record.trajectories(2) == [{"key": "u_0", "reward": 1.0}]
@@ -263,6 +265,7 @@ def _command(root: Path, model_dir: Path) -> list[str]:
         "actor_rollout_ref.actor.use_kl_loss=false",
         "trainer.total_training_steps=2", "trainer.test_freq=2",
         "trainer.save_freq=1", "trainer.resume_mode=auto", f"trainer.default_local_dir={root}/checkpoints",
+        "trainer.val_before_train=true",  # each process validates once before its first step
         f"trainer.rollout_data_dir={root}/rollouts", "trainer.logger=[console,tensorboard]",
         "infmem.records.trajectories=true",
     ]  # fmt: skip
@@ -340,7 +343,8 @@ def test_the_killed_run_resumes_from_its_last_checkpoint_with_its_step_count(run
     assert set(tensorboard_scalars(first)["infmem/reward"]) == {1}  # killed during step 2
     assert set(tensorboard_scalars(second)["infmem/reward"]) == {2}  # resumed at step 2, not 1
     assert "[infmem cpu] step 2/2" in run.second_output and "step 1/2" not in run.second_output
-    assert [s["step"] for s in run.records.steps()] == [1, 2]
+    # Step 0: the first process's validation before training; step 1 also holds the second's.
+    assert [s["step"] for s in run.records.steps()] == [0, 1, 2]
     assert (run.checkpoints / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
 
 
@@ -360,7 +364,7 @@ def test_the_resumed_run_continues_the_optimizer_state_and_the_weights(run, tiny
     # The generation actor served the checkpoint's weights in step 2, not the initial model's.
     saved = load_model(str(tiny_model_dir))
     saved.load_state_dict(torch.load(step[1] / "model_world_size_1_rank_0.pt", weights_only=True))
-    served = {s["step"]: s["cpu/weights/before_rollout"] for s in run.records.steps()}
+    served = {s["step"]: s["cpu/weights/before_rollout"] for s in run.records.steps() if s["step"] > 0}
     assert served[2] == weights_digest(saved) != served[1] == weights_digest(load_model(str(tiny_model_dir)))
 
 
@@ -376,7 +380,7 @@ def test_tensorboard_holds_trajectory_level_metrics_that_match_the_runs_own_reco
         "optimizer_steps", "clip_fraction", "log_prob_gap/mean", "step_time_s",
     ]  # fmt: skip
     for step in (1, 2):
-        recorded = run.records.steps()[step - 1]
+        recorded = {s["step"]: s for s in run.records.steps()}[step]
         for name in names:
             assert tensorboard[f"infmem/{name}"][step] == pytest.approx(recorded[f"infmem/{name}"], rel=1e-6), name
         trajectories = run.records.trajectories(step)
@@ -418,6 +422,13 @@ def test_tensorboard_holds_trajectory_level_metrics_that_match_the_runs_own_reco
     assert {"reward", "acc", "chunks_read", "protocol_error_rate/write"} <= set(validation)
     [verl_mean] = [v[2] for tag, v in tensorboard.items() if re.fullmatch(r"val-aux/[^/]+/chunks_read/mean@1", tag)]
     assert validation["chunks_read"] == pytest.approx(verl_mean)
+    # The validations before training (steps 0 and 1, one per process) are recorded like the last one,
+    # though verl hands only the last to _compute_metrics; the summary plot starts from step 0.
+    recorded = {s["step"]: s for s in run.records.steps()}
+    assert set(tensorboard["val-infmem/reward"]) == {0, 1, 2}
+    for step in (0, 1, 2):
+        assert recorded[step]["val-infmem/reward"] == pytest.approx(tensorboard["val-infmem/reward"][step], rel=1e-6)
+    assert not any(name.startswith("infmem/") for name in recorded[0])  # no training at step 0
     summary = run.tensorboard / SUMMARY_PNG
     assert summary.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"run summary: {summary}" in run.second_output
 

@@ -25,7 +25,8 @@ logs ``infmem/...`` means over *trajectories* computed from the per-turn facts i
 (reward and components, accuracy, reading, stopping, retrieval, protocol error rates per turn
 kind, memory, calls and tokens), the clip fraction, the rollout/trainer log-prob gap and the step
 time; validation adds ``val-infmem/...`` from the same per-trajectory values (the reward manager
-puts them in ``reward_extra_info``). Each step is appended to the run's records
+puts them in ``reward_extra_info``; the validation before training is recorded at the step
+training starts from). Each step is appended to the run's records
 (:mod:`infmem_verl.run_record`, next to the TensorBoard events, flushed per step so a killed run
 keeps them), and the run summary plot is drawn when training ends. verl's checkpointing is used
 as is (``trainer.save_freq``, ``trainer.resume_mode``).
@@ -136,6 +137,7 @@ class InfMemSyncTrainer(PPOTrainerSync):
         self.infmem_train = train_settings(config)
         self.record_trajectories = record_settings(config).trajectories
         self.run_record = RunRecord(records_dir(config))
+        self._training = False  # set when verl's training loop starts (after val_before_train)
         super().__init__(config)
 
     # verl keys its sync-vs-async behaviour (replay buffer, dataloader refill, checkpoint resume) on
@@ -239,7 +241,19 @@ class InfMemSyncTrainer(PPOTrainerSync):
         metrics.update(summarize(rows, prefix=f"val-{PREFIX}"))
         return metrics
 
+    def _validate(self) -> dict:
+        """verl's validation. The one before training (``trainer.val_before_train``) verl logs but
+        never passes to ``_compute_metrics``: it is recorded here, at the step training starts from."""
+        metrics = super()._validate()
+        if not self._training:
+            self.run_record.log_step(self.global_steps, metrics)
+        return metrics
+
     # ------------------------------------------------------------- records and run summary
+
+    def on_train_begin(self) -> None:
+        super().on_train_begin()
+        self._training = True
 
     def on_step_begin(self) -> None:
         super().on_step_begin()
