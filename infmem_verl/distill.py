@@ -83,7 +83,7 @@ from infmem_verl.evaluation.data import CellSource, LoadFailure, synthetic_sourc
 from infmem_verl.evaluation.runner import Runner
 from infmem_verl.evaluation.store import MANIFEST, ResultStore
 from infmem_verl.policy.openai import ErrorKind
-from infmem_verl.policy.source import ModelSource, OpenedModel, add_model_options, model_options, open_model
+from infmem_verl.policy.source import ModelSource, OpenedModel, add_model_options, model_source, open_model
 from infmem_verl.reward.metrics import score_answer
 from infmem_verl.sft.records import RecordError, TurnRecord, TurnStore, read_turns
 from infmem_verl.sft.samples import AnswerCopies, SFTWriter, TokenizerStamp, answer_copy_count, sft_paths, split_of, trajectory_samples
@@ -98,6 +98,8 @@ DEFAULT_DROP_FLAGS = (
     FLAG_NO_ANSWER,
 )
 METRICS = ("em", "sub_em_strict", "sub_em", "f1")
+# The teacher's defaults: many samples in flight, for a server fleet.
+TEACHER = ModelSource(concurrency=64)
 REPORT = "report.json"
 UNREADABLE_ROW = "unreadable training row"
 # Every turn flag the agent core sets (the FLAG_* constants of agent.trajectory).
@@ -116,16 +118,9 @@ class DistillConfig:
     overrides: list[str] = field(default_factory=list)
     samples: int | None = None  # None: every row (synthetic: 4)
     synthetic_length: str = "4k"
-    endpoints: list[str] = field(default_factory=list)
-    model: str | None = None
-    model_dir: Path | None = None
-    tokenizer: Path | None = None
+    source: ModelSource = TEACHER  # the teacher
     temperature: float = 0.7
     top_p: float = 0.95
-    concurrency: int = 64
-    request_timeout_s: float = 600.0
-    max_retries: int = 3
-    backoff_s: float = 0.5
     seed: int = 0
     keep: Literal["correct", "all"] = "correct"
     metric: str = "em"
@@ -147,9 +142,7 @@ class DistillConfig:
             raise ConfigError(f"metric: expected one of {list(METRICS)}, got {self.metric!r}")
         if not 0 <= self.min_score <= 1:
             raise ConfigError(f"min_score: expected a number in [0, 1], got {self.min_score!r}")
-        for name, value, low in (("concurrency", self.concurrency, 1), ("max_retries", self.max_retries, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError(f"{name}: expected an integer >= {low}, got {value!r}")
+        self.source.validate()
         if self.samples is not None and self.samples < 1:
             raise ConfigError(f"samples: expected an integer >= 1, got {self.samples!r}")
         if self.max_length is not None and self.max_length < 2:
@@ -542,14 +535,14 @@ async def run_teacher(cfg: DistillConfig, teacher: OpenedModel | None = None) ->
     agent_name, recipe_cfg = recipe_agent(cfg.recipe, cfg.overrides)
     agent_cfg = teacher_agent_config(cfg, recipe_cfg)
     hints = load_decompositions(cfg.decomposition) if cfg.decomposition else {}
-    model = teacher or await open_model(ModelSource.of(cfg), "distill")
+    model = teacher or await open_model(cfg.source, "distill", cfg.seed)
     try:
         store = ResultStore(cfg.out, protocol(cfg, agent_name, agent_cfg, model.name, TokenizerStamp.of(model.tokenizer)))
         turns = TurnStore(cfg.out)
         agent = build_agent(agent_name, agent_cfg, model.tokenizer)
         shortener = ThinkingShortener(model.tokenizer, cfg.shorten) if cfg.shorten.enabled else None
         method = Teacher(agent, cfg, hints, shortener)
-        runner = DistillRunner(model.policy, {agent_name: method}, store, cfg.concurrency, cfg.retry_failed, cfg.progress, turns=turns)
+        runner = DistillRunner(model.policy, {agent_name: method}, store, cfg.source.concurrency, cfg.retry_failed, cfg.progress, turns=turns)
         counts = await runner.run([_source(cfg, model.tokenizer)])
         print(f"[distill] this run: {counts.ran} samples run ({counts.failed} failed), {counts.skipped} already done")
     finally:
@@ -567,7 +560,7 @@ def saved_run(cfg: DistillConfig) -> tuple[ResultStore, TurnStore, str, AgentCon
     if not manifest.is_file():
         raise ConfigError(f"out: {cfg.out} holds no distillation run (no {MANIFEST}); run without --sft-only first")
     saved = json.loads(manifest.read_text(encoding="utf-8"))
-    tokenizer = load_tokenizer(str(cfg.tokenizer) if cfg.tokenizer else None)
+    tokenizer = load_tokenizer(str(cfg.source.tokenizer) if cfg.source.tokenizer else None)
     if TokenizerStamp.of(tokenizer).to_json()["chat_template_sha256"] != saved["tokenizer"]["chat_template_sha256"]:
         raise ConfigError(f"tokenizer: not the one {cfg.out} was distilled with ({saved['tokenizer']['name']}); pass --tokenizer")
     return ResultStore(cfg.out, saved), TurnStore(cfg.out), saved["agent"], agent_config(saved["agent_config"]), tokenizer
@@ -596,7 +589,7 @@ def parse_args(argv: Sequence[str] | None = None) -> DistillConfig:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="Hydra override of that composition (repeatable)")
     parser.add_argument("--samples", type=int, help="first N rows only (synthetic: N samples, default 4)")
     parser.add_argument("--synthetic-length", default="4k", help="document length of the synthetic set")
-    add_model_options(parser, "teacher", concurrency=64)
+    add_model_options(parser, "teacher", TEACHER)
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--top-p", type=float, default=0.95)
     parser.add_argument("--seed", type=int, default=0)
@@ -624,7 +617,7 @@ def parse_args(argv: Sequence[str] | None = None) -> DistillConfig:
         overrides=args.overrides,
         samples=args.samples,
         synthetic_length=args.synthetic_length,
-        **model_options(args),
+        source=model_source(args),
         temperature=args.temperature,
         top_p=args.top_p,
         seed=args.seed,

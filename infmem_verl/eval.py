@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from infmem_verl.agent.config import ConfigError
-from infmem_verl.policy.source import ModelSource, add_model_options, model_options, open_model
+from infmem_verl.policy.source import ModelSource, add_model_options, model_source, open_model
 
 from .evaluation.aggregate import aggregate
 from .evaluation.config import PRESETS, DataSpec, EvalConfig
@@ -52,7 +52,7 @@ def parse_args(argv: Sequence[str] | None = None) -> EvalConfig:
     parser.add_argument("--pool", action="append", default=[], metavar="DATASET=PATH", help="official file whose paragraph pool expands index contexts")
     parser.add_argument("--samples", type=int, help="samples per cell (default: all; synthetic: 2 embedded, 16 otherwise)")
     parser.add_argument("--seed", type=int, default=0)
-    add_model_options(parser, "model", concurrency=8)
+    add_model_options(parser, "model", ModelSource())
     parser.add_argument("--context-window", type=int, help="full-context baseline window (default: the server's max_model_len)")
     parser.add_argument("--out", type=Path, help="output folder (default: runs/eval/<preset>)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="agent setting, e.g. document.chunk_tokens=2000")
@@ -70,7 +70,7 @@ def parse_args(argv: Sequence[str] | None = None) -> EvalConfig:
         pools=dict(_pair(text, "--pool") for text in args.pool),
         samples=args.samples,
         seed=args.seed,
-        **model_options(args),
+        source=model_source(args),
         context_window=args.context_window,
         agent=_overrides(args.set),
         published_backbone=args.published_backbone,
@@ -156,8 +156,7 @@ async def evaluate(cfg: EvalConfig) -> Path:
     """Run (or resume) the evaluation ``cfg`` describes and write its report."""
     preset = cfg.resolved_preset()
     agent_cfg = cfg.agent_config()
-    source = ModelSource.of(cfg)
-    opened = await open_model(source, "eval")
+    opened = await open_model(cfg.source, "eval", cfg.seed)
     tokenizer, model = opened.tokenizer, opened.name
     window = cfg.context_window or opened.context_window or FALLBACK_WINDOW
     try:
@@ -165,13 +164,13 @@ async def evaluate(cfg: EvalConfig) -> Path:
         store = ResultStore(cfg.out, protocol)
         sources, limit = _sources(cfg, tokenizer)
         methods = build_methods(cfg.methods, agent_cfg, tokenizer, window)
-        runner = Runner(opened.policy, methods, store, cfg.concurrency, cfg.retry_failed, cfg.progress)
+        runner = Runner(opened.policy, methods, store, cfg.source.concurrency, cfg.retry_failed, cfg.progress)
         counts = await runner.run(sources, limit)
     finally:
         await opened.close()
     stats = aggregate(store.latest(), cfg.published_backbone)
     header = (
-        f"Model `{model}` ({source.describe()}), concurrency {cfg.concurrency}, context window {window}. "
+        f"Model `{model}` ({cfg.source.describe()}), concurrency {cfg.source.concurrency}, context window {window}. "
         f"This run: {counts.ran} samples run ({counts.failed} failed), {counts.skipped} already done."
     )
     report = write_report(cfg.out, stats, preset, cfg.published_backbone, header)

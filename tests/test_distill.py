@@ -23,7 +23,7 @@ from infmem_verl.agent.config import ConfigError
 from infmem_verl.data.synthetic import make_dataset
 from infmem_verl.distill import DistillConfig, distill, parse_args, recipe_agent
 from infmem_verl.policy.scripted import ScriptedPolicy
-from infmem_verl.policy.source import OpenedModel
+from infmem_verl.policy.source import ModelSource, OpenedModel
 from infmem_verl.sft.samples import answer_copy_count, sft_paths
 from infmem_verl.sft.shorten import ShortenConfig
 
@@ -94,7 +94,7 @@ def scripted_teacher(tokenizer, samples, *, answers: dict[str, str] | None = Non
 
 def config(out: Path, data: Path, **kw) -> DistillConfig:
     kw.setdefault("overrides", OVERRIDES)
-    return DistillConfig(out=out, data=data, recipe="smoke", concurrency=2, progress=False, **kw)
+    return DistillConfig(out=out, data=data, recipe="smoke", source=ModelSource(concurrency=2), progress=False, **kw)
 
 
 def records(out: Path) -> list[dict]:
@@ -260,6 +260,9 @@ def test_teacher_protocol_is_the_rl_recipes():
         (["--val-fraction", "1.5"], "val_fraction"),
         (["--shorten-over", "100", "--shorten-kinds", "chunk"], "shorten.kinds"),
         (["--data", "/no/such/train.parquet"], "data: /no/such/train.parquet not found"),
+        (["--concurrency", "0"], "concurrency: expected an integer >= 1"),
+        (["--timeout", "0"], "request_timeout_s: expected a number > 0"),
+        (["--backoff", "-1"], "backoff_s: expected a number >= 0"),
     ],
 )
 def test_bad_options_name_the_field(argv, match, tmp_path):

@@ -29,7 +29,7 @@ from infmem_verl.agent.protocol import PromptBuilder
 from infmem_verl.data.synthetic import make_dataset
 from infmem_verl.distill import DistillConfig, distill, recipe_agent
 from infmem_verl.policy.openai import OpenAIPolicy
-from infmem_verl.policy.source import OpenedModel
+from infmem_verl.policy.source import ModelSource, OpenedModel
 from infmem_verl.policy.transformers import end_token_ids
 from infmem_verl.sft.launch import run as run_sft
 from infmem_verl.sft.samples import sft_paths
@@ -71,11 +71,11 @@ def train_file(samples, tmp_path_factory) -> Path:
     return out
 
 
-def cfg_for(out: Path, data: Path, endpoint: str, **kw) -> DistillConfig:
+def cfg_for(out: Path, data: Path, endpoint: str, concurrency: int = 2, max_retries: int = 3, **kw) -> DistillConfig:
     # The random model never answers right and never follows the grammar: keep everything.
-    kw.setdefault("concurrency", 2)
-    return DistillConfig(out=out, data=data, recipe="smoke", overrides=VLLM_OVERRIDES, endpoints=[endpoint],
-                         keep="all", drop_flags=(), backoff_s=0.1, progress=False, **kw)  # fmt: skip
+    source = ModelSource((endpoint,), concurrency=concurrency, max_retries=max_retries, backoff_s=0.1)
+    return DistillConfig(out=out, data=data, recipe="smoke", overrides=VLLM_OVERRIDES, source=source,
+                         keep="all", drop_flags=(), progress=False, **kw)  # fmt: skip
 
 
 def records(out: Path) -> list[dict]:

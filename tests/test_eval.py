@@ -216,9 +216,9 @@ def test_eval_and_distillation_read_the_same_model_options_the_same_way(tmp_path
         "--endpoint", "http://h1:8000", "--endpoint", "http://h2:8000", "--model", "m", "--tokenizer", str(tmp_path),
         "--concurrency", "3", "--timeout", "9", "--retries", "1", "--backoff", "0.1", "--seed", "5",
     ]  # fmt: skip
-    evaluation = ModelSource.of(eval_cli.parse_args(flags))
-    distillation = ModelSource.of(distill_cli.parse_args(["--out", str(tmp_path / "out"), *flags]))
-    expected = ModelSource(("http://h1:8000", "http://h2:8000"), "m", None, tmp_path, 5, 3, 9.0, 1, 0.1)
-    assert evaluation == distillation == expected
+    evaluation = eval_cli.parse_args(flags)
+    distillation = distill_cli.parse_args(["--out", str(tmp_path / "out"), *flags])
+    expected = ModelSource(("http://h1:8000", "http://h2:8000"), "m", None, tmp_path, 3, 9.0, 1, 0.1)
+    assert evaluation.source == distillation.source == expected and evaluation.seed == distillation.seed == 5
     assert expected.describe() == "http://h1:8000, http://h2:8000"
-    assert ModelSource.of(eval_cli.parse_args([])).describe() == "in-process transformers"
+    assert eval_cli.parse_args([]).source.describe() == "in-process transformers"

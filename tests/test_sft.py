@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from infmem_verl.agent.config import ConfigError
 from infmem_verl.agent.policy import Generation, SamplingParams
 from infmem_verl.distill import DistillConfig, distill
-from infmem_verl.policy.source import OpenedModel
+from infmem_verl.policy.source import ModelSource, OpenedModel
 from infmem_verl.sft.launch import prepare_sft_config
 from infmem_verl.sft.records import RecordError, TurnRecord, TurnStore, pack_ids, read_turns, unpack_ids
 from infmem_verl.sft.samples import chat_messages, sft_paths
@@ -122,7 +122,7 @@ def distilled(tokenizer, tmp_path_factory):
     scripted = scripted_teacher(tokenizer, samples, special=special)
     recorder = RecordingPolicy(scripted.policy)
     out = root / "out"
-    cfg = DistillConfig(out=out, data=data, recipe="smoke", overrides=OVERRIDES, concurrency=2, progress=False)
+    cfg = DistillConfig(out=out, data=data, recipe="smoke", overrides=OVERRIDES, source=ModelSource(concurrency=2), progress=False)
     report = asyncio.run(distill(cfg, OpenedModel(recorder, tokenizer, "scripted")))
     assert report.kept == 2
     return out, recorder.calls

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping
 
 from infmem_verl.agent.config import AgentConfig, ConfigError, agent_config
+from infmem_verl.policy.source import ModelSource
 
 from .methods import METHODS
 
@@ -97,7 +98,7 @@ class EvalConfig:
 
     Data: explicit ``data`` files, or ``datasets`` x ``lengths`` looked up in ``data_dir`` under
     the reference's file names, or (neither given) the synthetic set at ``lengths``.
-    Model: ``endpoints`` (OpenAI-compatible servers) or, without them, the in-process
+    Model (``source``): ``endpoints`` (OpenAI-compatible servers) or, without them, the in-process
     transformers model at ``model_dir`` (the tiny random Qwen3 by default).
     """
 
@@ -110,14 +111,7 @@ class EvalConfig:
     pools: dict[str, Path] = field(default_factory=dict)  # dataset -> official file (index contexts)
     samples: int | None = None  # per cell; None: all (synthetic: 2 per length)
     seed: int = 0
-    endpoints: list[str] = field(default_factory=list)
-    model: str | None = None  # served model name; None: the server's first
-    model_dir: Path | None = None
-    tokenizer: Path | None = None
-    concurrency: int = 8
-    request_timeout_s: float = 600.0
-    max_retries: int = 3
-    backoff_s: float = 0.5
+    source: ModelSource = ModelSource()
     context_window: int | None = None  # None: the server's max_model_len / the model's positions
     out: Path = Path("runs/eval")
     agent: dict[str, Any] = field(default_factory=dict)  # overrides on top of the preset
@@ -126,7 +120,7 @@ class EvalConfig:
     progress: bool = True
 
     def resolved_preset(self) -> Preset:
-        name = self.preset or ("default" if self.endpoints else "embedded")
+        name = self.preset or ("default" if self.source.endpoints else "embedded")
         if name not in PRESETS:
             raise ConfigError(f"preset: expected one of {sorted(PRESETS)}, got {name!r}")
         return PRESETS[name]
@@ -150,17 +144,11 @@ class EvalConfig:
             raise ConfigError("data_dir: expected the folder holding the evaluation files of datasets")
         if self.data_dir is not None and not self.lengths:
             raise ConfigError("lengths: expected at least one length to look up in data_dir")
-        for name, value, low in (("concurrency", self.concurrency, 1), ("max_retries", self.max_retries, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError(f"{name}: expected an integer >= {low}, got {value!r}")
+        self.source.validate()
         if self.samples is not None and (isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1):
             raise ConfigError(f"samples: expected an integer >= 1, got {self.samples!r}")
         if self.context_window is not None and self.context_window < 256:
             raise ConfigError(f"context_window: expected an integer >= 256, got {self.context_window!r}")
-        if self.request_timeout_s <= 0:
-            raise ConfigError(f"request_timeout_s: expected a number > 0, got {self.request_timeout_s!r}")
-        if self.backoff_s < 0:
-            raise ConfigError(f"backoff_s: expected a number >= 0, got {self.backoff_s!r}")
         if self.retry_failed not in ("transient", "all", "none"):
             raise ConfigError(f"retry_failed: expected transient, all or none, got {self.retry_failed!r}")
         self.agent_config()
