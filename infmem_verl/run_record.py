@@ -28,10 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from infmem_verl.agent.config import ConfigError, from_mapping
+from infmem_verl.agent.config import ConfigError
 from infmem_verl.metrics import numeric
+from infmem_verl.rollout.settings import read_settings
 
 RECORDS_KEY = "infmem.records"
 STEPS_FILE = "steps.jsonl"
@@ -62,17 +63,15 @@ class RecordSettings:
     dir: str | None = None  # None: the TensorBoard folder (see records_dir)
     trajectories: bool = False
 
-    def validate(self) -> RecordSettings:
+    def validate(self, path: str) -> RecordSettings:
         if self.dir is not None and (not isinstance(self.dir, str) or not self.dir):
-            raise ConfigError(f"{RECORDS_KEY}.dir: expected a folder path or null, got {self.dir!r}")
+            raise ConfigError(f"{path}.dir: expected a folder path or null, got {self.dir!r}")
         return self
 
 
 def record_settings(config: DictConfig) -> RecordSettings:
     """The validated ``infmem.records`` of ``config`` (defaults when the key is absent)."""
-    node = OmegaConf.select(config, RECORDS_KEY, default=None)
-    data = OmegaConf.to_container(node, resolve=True) if node is not None else None
-    return from_mapping(RecordSettings, data, RECORDS_KEY).validate()
+    return read_settings(RecordSettings, config, RECORDS_KEY, required=False)
 
 
 def records_dir(config: DictConfig) -> Path:

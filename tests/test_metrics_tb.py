@@ -195,6 +195,7 @@ def test_records_go_next_to_the_tensorboard_events_unless_configured(monkeypatch
         ({"dir": ""}, r"infmem\.records\.dir: expected a folder path or null, got ''"),
         ({"trajectories": "yes"}, r"infmem\.records\.trajectories: expected true or false, got 'yes'"),
         ({"trajectory": True}, r"infmem\.records\.trajectory: unknown key"),
+        ("yes", r"infmem\.records: expected a mapping, got 'yes'"),
     ],
 )
 def test_bad_records_settings_name_the_key(records, message):

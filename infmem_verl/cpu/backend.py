@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from infmem_verl.agent.config import ConfigError, from_mapping
+from infmem_verl.agent.config import ConfigError
+from infmem_verl.rollout.settings import read_settings
 
 BACKENDS = ("auto", "cpu", "gpu")
 CPU_TRAINER_MODE = "infmem_cpu"
@@ -131,7 +132,4 @@ class CPUSettings:
 
 
 def cpu_settings(config: DictConfig) -> CPUSettings:
-    path = "infmem.cpu"
-    node = OmegaConf.select(config, path, default=None)
-    data = OmegaConf.to_container(node, resolve=True) if node is not None else None
-    return from_mapping(CPUSettings, data, path).validate(path)
+    return read_settings(CPUSettings, config, "infmem.cpu", required=False)

@@ -17,7 +17,8 @@ from typing import Literal
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from infmem_verl.agent.config import ConfigError, from_mapping
+from infmem_verl.agent.config import ConfigError
+from infmem_verl.rollout.settings import read_settings, section
 
 # Validation samples are drawn from another seed than training ones, so the two never overlap.
 VAL_SEED_OFFSET = 1000
@@ -43,10 +44,9 @@ class BootstrapSettings:
 def bootstrap_settings(config: DictConfig) -> BootstrapSettings | None:
     """The validated ``infmem.bootstrap``, or None when the recipe does not bootstrap."""
     path = "infmem.bootstrap"
-    node = OmegaConf.select(config, path, default=None)
-    if node is None:
+    if section(config, path, required=False) is None:
         return None
-    return from_mapping(BootstrapSettings, OmegaConf.to_container(node, resolve=True), path).validate(path)
+    return read_settings(BootstrapSettings, config, path)
 
 
 def _single_file(config: DictConfig, key: str) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -19,6 +19,7 @@ AGENT_KEY = "infmem.agent"
 # Headroom of a Write prompt beyond chunk, memory, evidence and question: the chat template,
 # the instructions and the section labels.
 WRITE_TEMPLATE_TOKENS = 512
+S = TypeVar("S")
 
 
 def _container(node: Any, path: str) -> dict[str, Any]:
@@ -29,11 +30,20 @@ def _container(node: Any, path: str) -> dict[str, Any]:
     raise ConfigError(f"{path}: expected a mapping, got {node!r}")
 
 
-def _select(config: Any, path: str) -> Any:
+def section(config: Any, path: str, required: bool = True) -> dict[str, Any] | None:
+    """The mapping at ``path`` as plain data; when absent, a ConfigError, or None if not ``required``."""
     value = OmegaConf.select(config, path, default=None) if isinstance(config, DictConfig) else None
     if value is None:
+        if not required:
+            return None
         raise ConfigError(f"{path}: missing; compose the config through infmem_verl.main (conf/infmem_trainer.yaml)")
-    return value
+    return _container(value, path)
+
+
+def read_settings(cls: type[S], config: Any, path: str, required: bool = True) -> S:
+    """``cls`` (a settings dataclass with ``validate(path)``) read from the ``path`` section;
+    an absent optional section gives ``cls``'s defaults."""
+    return from_mapping(cls, section(config, path, required), path).validate(path)
 
 
 def agent_settings(config: Any) -> AgentConfig:
@@ -42,7 +52,7 @@ def agent_settings(config: Any) -> AgentConfig:
     ``write.prompt_tokens: null`` is derived: chunk + memory + evidence + the question budget
     (``data.max_prompt_length``) + template headroom.
     """
-    mapping = _container(_select(config, AGENT_KEY), AGENT_KEY)
+    mapping = section(config, AGENT_KEY)
     write = dict(mapping.get("write") or {})
     if write.get("prompt_tokens") is None:
         defaults = AgentConfig()
@@ -101,8 +111,7 @@ class DocumentSettings:
 
 
 def document_settings(config: Any) -> DocumentSettings:
-    path = "infmem.documents"
-    return from_mapping(DocumentSettings, _container(_select(config, path), path), path).validate(path)
+    return read_settings(DocumentSettings, config, "infmem.documents")
 
 
 @dataclass(frozen=True)
@@ -124,5 +133,4 @@ class TrainSettings:
 
 
 def train_settings(config: Any) -> TrainSettings:
-    path = "infmem.train"
-    return from_mapping(TrainSettings, _container(_select(config, path), path), path).validate(path)
+    return read_settings(TrainSettings, config, "infmem.train")
