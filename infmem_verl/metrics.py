@@ -26,11 +26,11 @@ from typing import Any
 
 import torch
 
-from infmem_verl.reward.components import breaks_protocol
+from infmem_verl.agent.trajectory import TURN_KINDS
+from infmem_verl.reward.components import TrajectoryRecord, breaks_protocol
 from infmem_verl.rollout.facts import TurnFacts
 
 PREFIX = "infmem"
-TURN_KINDS = ("prethink", "write", "answer")
 # Per-trajectory counts that only make sense pooled into a rate (see summarize), never averaged.
 _ERRORS = tuple(f"{kind}_errors" for kind in TURN_KINDS)
 
@@ -46,9 +46,10 @@ def protocol_error(turn: TurnFacts) -> bool:
 
 
 def trajectory_values(
-    turns: Sequence[TurnFacts], prompt_tokens: Sequence[int], response_tokens: Sequence[int]
+    record: TrajectoryRecord, prompt_tokens: Sequence[int], response_tokens: Sequence[int]
 ) -> dict[str, float | None]:
-    """The figures of one trajectory, from its turns in order (answer last) and their token counts.
+    """The figures of one trajectory, from its record (turns in order, answer last) and its turns'
+    token counts.
 
     Every trajectory gets the same keys (verl gathers ``reward_extra_info`` across trajectories);
     ``None`` marks a value the trajectory does not have, left out of means:
@@ -64,16 +65,13 @@ def trajectory_values(
     * ``invalid_turns``, ``has_answer``, and per turn kind ``<kind>_turns`` and ``<kind>_errors``
       (:func:`protocol_error`).
     """
-    if not turns:
-        raise ValueError("turns: a trajectory has at least its answer turn")
+    turns = record.turns
     if not len(turns) == len(prompt_tokens) == len(response_tokens):
         raise ValueError(
             f"prompt_tokens / response_tokens: expected one count per turn ({len(turns)}), "
             f"got {len(prompt_tokens)} / {len(response_tokens)}"
         )
-    writes = [t for t in turns if t.turn_kind == "write"]
-    last = turns[-1]
-    num_chunks, stop = last.num_chunks, last.stop_step
+    writes, num_chunks, stop = record.writes, record.num_chunks, record.stop_step
     values = {
         "chunks_read": float(len(writes)),
         "num_chunks": float(num_chunks),
@@ -89,7 +87,7 @@ def trajectory_values(
         "tokens": float(sum(prompt_tokens) + sum(response_tokens)),
         "memory_tokens": float(writes[-1].memory_tokens if writes else 0),
         "invalid_turns": float(sum(not t.valid for t in turns)),
-        "has_answer": float(last.turn_kind == "answer" and last.prediction is not None),
+        "has_answer": float(record.prediction is not None),
     }
     for kind in TURN_KINDS:
         of_kind = [t for t in turns if t.turn_kind == kind]

@@ -32,7 +32,7 @@ from infmem_verl.agent.trajectory import FLAG_INVALID_ACTION
 from infmem_verl.assets import wiki_paragraphs
 from infmem_verl.metrics import log_prob_gap, protocol_error, summarize, trajectory_values
 from infmem_verl.policy.scripted import ScriptedPolicy
-from infmem_verl.reward.components import MEMORY_FAILURES
+from infmem_verl.reward.components import MEMORY_FAILURES, TrajectoryRecord
 from infmem_verl.rollout.facts import TurnFacts, turn_facts
 from infmem_verl.run_record import SUMMARY_PNG, RecordSettings, RunRecord, record_settings, records_dir
 
@@ -77,10 +77,11 @@ def agent_run(tokenizer, document: str, agent: str, actions: list[str], answer: 
     return asyncio.run(build_agent(agent, cfg, tokenizer).run(policy, "Where is the Louvre?", document))
 
 
-def through_extra_fields(trajectory) -> tuple[list[TurnFacts], list[int], list[int]]:
-    """The turn facts and token counts as verl's reward manager and TransferQueue see them."""
+def through_extra_fields(trajectory) -> tuple[TrajectoryRecord, list[int], list[int]]:
+    """The trajectory's turn facts and token counts as verl's reward manager and TransferQueue see them."""
     facts = [TurnFacts.from_dict(turn_facts(trajectory, i, t).to_dict()) for i, t in enumerate(trajectory.turns)]
-    return facts, [len(t.prompt_ids) for t in trajectory.turns], [len(t.response_ids) for t in trajectory.turns]
+    record = TrajectoryRecord(facts, golds=[])
+    return record, [len(t.prompt_ids) for t in trajectory.turns], [len(t.response_ids) for t in trajectory.turns]
 
 
 def test_trajectory_values_agree_with_the_agent_cores_own_summary(tokenizer, document):
@@ -107,12 +108,12 @@ def test_trajectory_values_agree_with_the_agent_cores_own_summary(tokenizer, doc
 
 def test_a_memagent_run_without_an_answer_reads_everything_and_counts_the_answer_error(tokenizer, document):
     trajectory = agent_run(tokenizer, document, "memagent", [], answer="I do not know.")
-    facts, prompts, responses = through_extra_fields(trajectory)
-    values = trajectory_values(facts, prompts, responses)
+    record, prompts, responses = through_extra_fields(trajectory)
+    values = trajectory_values(record, prompts, responses)
     assert trajectory.stop_step is None and values["stopped"] == values["stopped_early"] == 0.0
     assert values["stop_step"] is None and values["chunks_read"] == values["num_chunks"] == trajectory.num_chunks
     assert values["prethink_turns"] == values["retrieval_calls"] == 0
-    assert values["answer_errors"] == 1.0 and values["has_answer"] == 0.0 and protocol_error(facts[-1])
+    assert values["answer_errors"] == 1.0 and values["has_answer"] == 0.0 and protocol_error(record.turns[-1])
 
 
 def test_summarize_averages_over_trajectories_and_pools_error_rates_per_turn(tokenizer, document):
@@ -137,11 +138,11 @@ def test_summarize_averages_over_trajectories_and_pools_error_rates_per_turn(tok
 
 
 def test_trajectory_values_reject_misaligned_token_counts(tokenizer, document):
-    facts, prompts, responses = through_extra_fields(agent_run(tokenizer, document, "memagent", []))
+    record, prompts, responses = through_extra_fields(agent_run(tokenizer, document, "memagent", []))
     with pytest.raises(ValueError, match=r"expected one count per turn"):
-        trajectory_values(facts, prompts[:-1], responses)
+        trajectory_values(record, prompts[:-1], responses)
     with pytest.raises(ValueError, match=r"turns: a trajectory has at least its answer turn"):
-        trajectory_values([], [], [])
+        trajectory_values(TrajectoryRecord([], golds=[]), [], [])
 
 
 def test_log_prob_gap_counts_trained_tokens_only():

@@ -7,11 +7,12 @@ the reward manager scores the trajectory, evaluation and distillation write them
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 
 TurnKind = Literal["prethink", "write", "answer"]
+TURN_KINDS: tuple[TurnKind, ...] = get_args(TurnKind)
 
 # Flags a turn may carry. A flagged turn is still a turn: no model output makes a loop raise.
 FLAG_INVALID_ACTION = "invalid_action"  # PreThink output had no parsable action after </think>

@@ -123,5 +123,5 @@ def extra_info(
         "acc": scores.get(OUTCOME, answer["em"]),
         **scores,
         **answer,
-        **trajectory_values(record.turns, prompt_tokens, response_tokens),
+        **trajectory_values(record, prompt_tokens, response_tokens),
     }

@@ -3,7 +3,7 @@
 Registered with ``verl.trainer.ppo.v1.register_trainer`` and chosen by
 ``trainer.v1.trainer_mode=infmem_sync`` (the default of conf/infmem_trainer.yaml). It trains
 exactly like verl's ``sync`` mode (verl branches on the mode's name, so this class reports
-``trainer_mode == "sync"``) and changes three things, nothing else:
+``trainer_mode == "sync"``) and changes three things about training, nothing else:
 
 * **Optimizer steps per RL step.** verl slices optimizer mini-batches in rows
   (``ppo_mini_batch_size * n``), and every trajectory is about two rows per chunk read, so the
@@ -47,13 +47,15 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.workers.utils.padding import response_to_nested
 
 from infmem_verl.metrics import PREFIX, log_prob_gap, numeric, summarize, trajectory_values
-from infmem_verl.reward.components import breaks_protocol
+from infmem_verl.reward.components import TrajectoryRecord, breaks_protocol
 from infmem_verl.rollout.facts import TurnFacts
 from infmem_verl.rollout.settings import TrainSettings, train_settings
 from infmem_verl.run_record import RunRecord, record_settings, records_dir
 
 # verl's step metrics repeated under infmem/, so one TensorBoard section holds a run's story.
 VERL_ALIASES = {"actor/pg_clipfrac": "clip_fraction", "timing_s/step": "step_time_s"}
+# What log_prob_gap reads, in its argument order.
+LOG_PROB_FIELDS = ("old_log_probs", "rollout_log_probs", "response_mask")
 
 
 def session_of(key: str) -> str:
@@ -82,13 +84,16 @@ def trajectory_rows(
     scores: Sequence[float],
     prompt_lengths: Sequence[int],
     response_lengths: Sequence[int],
+    with_turns: bool = False,
 ) -> list[dict]:
     """One record per trajectory of a batch's sequences (aligned lists, padding rows excluded).
 
-    Each record holds the trajectory's ``key`` (``{uid}_{session}``), its ``values`` (the final
+    Each record holds the trajectory's ``key`` (``{uid}_{session}``) and its ``values`` (the final
     sequence's ``reward_extra_info``, then :func:`~infmem_verl.metrics.trajectory_values` of its
-    turns in order, and ``reward``, the final sequence's score) and its ``turns`` (facts without
-    the memory text, with token counts).
+    turns in order, and ``reward``, the final sequence's score). The values are computed here from
+    the turn facts rather than taken from ``reward_extra_info``, so they do not depend on which
+    reward manager ran. ``with_turns`` adds ``turns`` (facts without the memory text, with token
+    counts), for the per-trajectory records.
     """
     sessions: dict[str, list[int]] = defaultdict(list)
     for row, key in enumerate(keys):
@@ -101,13 +106,15 @@ def trajectory_rows(
         responses = [int(response_lengths[r]) for r in rows]
         final = rows[-1]
         values = numeric(extra_fields[final].get("reward_extra_info", {}))
-        values.update(trajectory_values(facts, prompts, responses))
+        values.update(trajectory_values(TrajectoryRecord(facts, golds=[]), prompts, responses))
         values["reward"] = float(scores[final])
-        turns = [
-            {**f.to_dict(), "memory_text": None, "prompt_tokens": p, "response_tokens": n}
-            for f, p, n in zip(facts, prompts, responses, strict=True)
-        ]
-        records.append({"key": session, "values": values, "turns": turns})
+        record = {"key": session, "values": values}
+        if with_turns:
+            record["turns"] = [
+                {**f.to_dict(), "memory_text": None, "prompt_tokens": p, "response_tokens": n}
+                for f, p, n in zip(facts, prompts, responses, strict=True)
+            ]
+        records.append(record)
     return records
 
 
@@ -131,7 +138,8 @@ def shape_advantages(
 
 @register_trainer("infmem_sync")
 class InfMemSyncTrainer(PPOTrainerSync):
-    """verl's sync trainer with the three changes of the module docstring."""
+    """verl's sync trainer with the three training changes of the module docstring, plus its
+    per-trajectory metrics and the run's records."""
 
     def __init__(self, config):
         self.infmem_train = train_settings(config)
@@ -195,37 +203,38 @@ class InfMemSyncTrainer(PPOTrainerSync):
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch) -> None:
         """verl's metrics, then ours per trajectory; the step is appended to the run's records."""
         super()._compute_metrics(batch, metrics, timing_raw, global_steps=global_steps, epoch=epoch)
-        trajectories = self._trajectories(batch)
+        trajectories, gap = self._read_step(batch)
         metrics.update(summarize([t["values"] for t in trajectories]))
-        metrics.update(self._log_prob_gap(batch))
+        metrics.update(gap)
         metrics.update({f"{PREFIX}/{alias}": metrics[name] for name, alias in VERL_ALIASES.items() if name in metrics})
         self.run_record.log_step(global_steps, metrics)
         if self.record_trajectories:
             self.run_record.log_trajectories(global_steps, trajectories)
 
-    def _trajectories(self, batch) -> list[dict]:
-        """:func:`trajectory_rows` of the batch's real (non-padding) sequences, read from TransferQueue."""
-        keys = [key for key, tag in zip(batch.keys, batch.tags, strict=True) if not tag.get("is_padding", False)]
-        fields = ["extra_fields", "rm_scores", "prompts", "responses"]
+    def _read_step(self, batch) -> tuple[list[dict], dict[str, float]]:
+        """One TransferQueue read of the batch's real (non-padding) sequences: their
+        :func:`trajectory_rows`, and the :func:`~infmem_verl.metrics.log_prob_gap` of the trainer's
+        old log-probs and the rollout's (when the rollout returned log-probs). Token counts come
+        from the tags verl's agent loop wrote, not from the token tensors."""
+        real = [(key, tag) for key, tag in zip(batch.keys, batch.tags, strict=True) if not tag.get("is_padding", False)]
+        keys, tags = [key for key, _ in real], [tag for _, tag in real]
+        with_gap = self.config.actor_rollout_ref.rollout.calculate_log_probs
+        fields = ["extra_fields", "rm_scores"] + (list(LOG_PROB_FIELDS) if with_gap else [])
         data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=fields)
         scores = [float(row.sum()) for row in data["rm_scores"].unbind()]
         # TransferQueue returns a non-tensor column as a list-like whose type depends on its backend.
-        return trajectory_rows(
+        trajectories = trajectory_rows(
             keys,
             list(data["extra_fields"]),
             scores,
-            data["prompts"].offsets().diff().tolist(),
-            data["responses"].offsets().diff().tolist(),
+            [tag["prompt_len"] for tag in tags],
+            [tag["response_len"] for tag in tags],
+            with_turns=self.record_trajectories,
         )
-
-    def _log_prob_gap(self, batch) -> dict[str, float]:
-        """:func:`~infmem_verl.metrics.log_prob_gap` of the trainer's old log-probs and the rollout's."""
-        if not self.config.actor_rollout_ref.rollout.calculate_log_probs:
-            return {}
-        fields = ["old_log_probs", "rollout_log_probs", "response_mask"]
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
-        padded = data.to_padded_tensor()
-        return log_prob_gap(padded["old_log_probs"], padded["rollout_log_probs"], padded["response_mask"])
+        if not with_gap:
+            return trajectories, {}
+        padded = data.select(*LOG_PROB_FIELDS).to_padded_tensor()
+        return trajectories, log_prob_gap(*(padded[name] for name in LOG_PROB_FIELDS))
 
     def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns, **kwargs):
         """verl's validation metrics plus ``val-infmem/...``: the same per-trajectory summary as training.
@@ -234,10 +243,7 @@ class InfMemSyncTrainer(PPOTrainerSync):
         trajectory's values (the ``infmem`` reward manager puts them there).
         """
         metrics = super()._val_metrics_update(data_sources, sample_uids, reward_extra_infos_dict, sample_turns, **kwargs)
-        rows = [
-            {name: values[i] for name, values in reward_extra_infos_dict.items() if values[i] is not None}
-            for i in range(len(sample_uids))
-        ]
+        rows = [{name: values[i] for name, values in reward_extra_infos_dict.items()} for i in range(len(sample_uids))]
         metrics.update(summarize(rows, prefix=f"val-{PREFIX}"))
         return metrics
 
@@ -259,7 +265,7 @@ class InfMemSyncTrainer(PPOTrainerSync):
         super().on_step_begin()
         # verl's TensorBoard writer flushes every two minutes; flushing here puts the previous
         # step's events on disk before the next one can be interrupted.
-        tensorboard = getattr(getattr(self, "logger", None), "logger", {}).get("tensorboard")
+        tensorboard = self.logger.logger.get("tensorboard")  # fit made self.logger before the first step
         if tensorboard is not None:
             tensorboard.writer.flush()
 
