@@ -9,15 +9,15 @@ those two pieces and keeps everything else verl's own (see README.md next to thi
 * :mod:`.engine` - a single-process torch engine that computes log-probs and runs verl's policy
   loss (with KL) and optimizer steps;
 * :mod:`.workers` - the worker-group and weight-sync surfaces verl's trainer calls, over the engine;
+* :mod:`.checkpoint` - the engine's checkpoints, in verl's FSDP checkpoint layout;
 * :mod:`.trainer` - the ``infmem_cpu`` trainer mode wiring them into verl's sync trainer;
 * :mod:`.backend` - automatic CPU/GPU selection; :mod:`.bootstrap` - self-contained smoke inputs;
   :mod:`.report` - the per-step summary.
 
-Submodules are imported explicitly.
+Submodules are imported explicitly; this package imports nothing. ``.backend``, ``.bootstrap``
+and ``.report`` do not load verl (the launcher imports them before verl is asked for anything);
+the others do, and any of them may be the first to import verl in a process (the generation
+actor's, a test's). verl then loads our plugin, which imports ``.trainer``: that module imports
+the verl-side submodules only when it sets a run up, so the plugin never meets one of them
+half-initialised.
 """
-
-# verl first, before any submodule: importing verl loads our plugin, which imports
-# infmem_verl.cpu.trainer and through it the other submodules. Were a submodule the first to
-# import verl in a process (the generation actor's, a test's), the plugin would meet it
-# half-initialised; here no submodule has started yet.
-import verl  # noqa: F401, E402

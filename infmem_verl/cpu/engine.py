@@ -14,7 +14,6 @@ a 5000-token prompt would cost gigabytes for nothing. No verl worker or process 
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -24,6 +23,7 @@ import torch
 from tensordict import TensorDict
 from verl.utils import tensordict_utils as tu
 from verl.utils.metric import Metric
+from verl.utils.py_functional import append_to_dict
 from verl.utils.torch_functional import (
     entropy_from_logits,
     get_constant_schedule_with_warmup,
@@ -74,8 +74,19 @@ def score_response(
     )
 
 
-def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim) -> torch.optim.lr_scheduler.LRScheduler:
-    """verl's learning-rate schedule for ``actor.optim`` (constant or cosine, with warm-up)."""
+@torch.no_grad()
+def score_rows(
+    model: torch.nn.Module, rows: Sequence[dict[str, torch.Tensor]], temperature: float, entropy: bool
+) -> list[TokenScores]:
+    """Log-probs (and entropy) of every row's response under ``model``, without gradients."""
+    return [score_response(model, r["prompts"], r["responses"], temperature, entropy) for r in rows]
+
+
+def build_lr_scheduler(
+    optimizer: torch.optim.Optimizer, optim, key: str = "actor_rollout_ref.actor.optim"
+) -> torch.optim.lr_scheduler.LRScheduler:
+    """verl's learning-rate schedule for an optimizer config (constant or cosine, with warm-up), as
+    its FSDP engine builds it; ``key`` is where ``optim`` sits in the config, named in the error."""
     warmup = optim.lr_warmup_steps
     if warmup <= 0:
         warmup = int(optim.lr_warmup_steps_ratio * optim.total_training_steps)
@@ -90,10 +101,7 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim) -> torch.optim.l
             num_cycles=optim.num_cycles,
             zero_indexed_step=optim.zero_indexed_step,
         )
-    raise ValueError(
-        f"actor_rollout_ref.actor.optim.lr_scheduler_type: expected 'constant' or 'cosine', "
-        f"got {optim.lr_scheduler_type!r}"
-    )
+    raise ValueError(f"{key}.lr_scheduler_type: expected 'constant' or 'cosine', got {optim.lr_scheduler_type!r}")
 
 
 def row_tensordict(row: dict[str, torch.Tensor], fields: Iterable[str]) -> TensorDict:
@@ -121,15 +129,11 @@ def merge_metrics(per_row: list[dict[str, Any]]) -> dict[str, float]:
     mini-batch is a partial sum per micro-batch (SUM), ratios like the clip fraction are means
     (MEAN). Plain numbers (e.g. ``kl_coef``) are averaged.
     """
-    merged: dict[str, Metric | list[float]] = {}
+    merged: dict[str, Metric | list[Any]] = {}
     for metrics in per_row:
-        for key, value in metrics.items():
-            if isinstance(value, Metric):
-                merged.setdefault(key, value.init_list()).extend(value)
-            else:
-                merged.setdefault(key, []).append(float(value))
+        append_to_dict(merged, metrics)  # verl's accumulation: Metrics merge, plain values list up
     return {
-        key: float(value.aggregate()) if isinstance(value, Metric) else sum(value) / len(value)
+        key: float(value.aggregate()) if isinstance(value, Metric) else sum(map(float, value)) / len(value)
         for key, value in merged.items()
     }
 
@@ -150,10 +154,9 @@ class TorchEngine:
         self.optimizer = build_optimizer(self.model.parameters(), actor.optim)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, actor.optim)
 
-    @torch.no_grad()
     def score(self, rows: Sequence[dict[str, torch.Tensor]], temperature: float, entropy: bool) -> list[TokenScores]:
         """Log-probs (and entropy) of every row's response under the current weights."""
-        return [score_response(self.model, r["prompts"], r["responses"], temperature, entropy) for r in rows]
+        return score_rows(self.model, rows, temperature, entropy)
 
     def train_mini_batch(
         self, rows: Sequence[dict[str, torch.Tensor]], temperature: float, fields: Sequence[str]
@@ -173,7 +176,7 @@ class TorchEngine:
             data = row_tensordict(row, fields)
             tu.assign_non_tensor(data, dp_size=1, batch_num_tokens=batch_tokens, global_batch_size=len(rows))
             scores = score_response(self.model, row["prompts"], row["responses"], temperature, calculate_entropy)
-            loss, metrics = self.loss_fn(model_output=self._model_output(row, scores), data=data)
+            loss, metrics = self.loss_fn(model_output=sequence_scores(scores, len(row["prompts"])), data=data)
             loss.backward()
             loss_total += float(loss.detach())
             per_row.append(metrics)
@@ -184,22 +187,15 @@ class TorchEngine:
             self.optimizer.zero_grad(set_to_none=True)
         return {**merge_metrics(per_row), "loss": loss_total, "grad_norm": float(grad_norm)}
 
-    @staticmethod
-    def _model_output(row: dict[str, torch.Tensor], scores: TokenScores) -> dict[str, torch.Tensor]:
-        """``scores`` laid out over the whole sequence, as verl's engines return model outputs."""
-        prompt_len = len(row["prompts"])
-        output = {"log_probs": over_sequence(scores.log_probs, prompt_len)}
-        if scores.entropy is not None:
-            output["entropy"] = over_sequence(scores.entropy, prompt_len)
-        return output
-
     def lr_step(self) -> float:
         """Advance the learning-rate schedule (verl does it once per update call); the new lr."""
         self.lr_scheduler.step()
         return float(self.lr_scheduler.get_last_lr()[0])
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {name: tensor.detach().clone() for name, tensor in self.model.state_dict().items()}
+        """The model's own (detached) tensors, not copies: their takers copy them (``ray.put`` into
+        the object store, ``load_state_dict`` into its parameters)."""
+        return self.model.state_dict()
 
 
 def over_sequence(response_values: torch.Tensor, prompt_len: int) -> torch.Tensor:
@@ -213,10 +209,18 @@ def over_sequence(response_values: torch.Tensor, prompt_len: int) -> torch.Tenso
     return torch.cat([before, response_values, after])
 
 
+def sequence_scores(scores: TokenScores, prompt_len: int) -> dict[str, torch.Tensor]:
+    """``scores`` over the whole sequence (``log_probs``, and ``entropy`` when computed), as verl's
+    engines return model outputs and its workers store them."""
+    output = {"log_probs": over_sequence(scores.log_probs, prompt_len)}
+    if scores.entropy is not None:
+        output["entropy"] = over_sequence(scores.entropy, prompt_len)
+    return output
+
+
 def group_metrics(steps: Sequence[dict[str, float]]) -> dict[str, list[float]]:
     """Per-optimizer-step metrics as verl's update returns them: name -> one value per step."""
-    out: dict[str, list[float]] = defaultdict(list)
+    out: dict[str, list[float]] = {}
     for metrics in steps:
-        for key, value in metrics.items():
-            out[key].append(value)
-    return dict(out)
+        append_to_dict(out, metrics)
+    return out

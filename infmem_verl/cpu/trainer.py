@@ -4,8 +4,9 @@ Registered with verl's ``register_trainer``; the CPU backend selects it
 (``trainer.v1.trainer_mode=infmem_cpu``) and verl's own ``TaskRunnerV1`` runs it like any mode:
 verl's ``fit`` loop, dataloaders, replay buffer, batch balancing and padding, old/ref log-prob
 passes, GRPO advantage over multi-sequence trajectories, actor update call, validation, metrics
-and logging are all verl's code. Only :meth:`InfMemCPUTrainer._setup` differs: where verl starts
-GPU worker groups, vLLM replicas and a checkpoint engine, it builds
+and logging are all verl's code. Only :meth:`InfMemCPUTrainer._setup` differs (with the two
+members that would read what it replaces: ``get_llm_client``, ``_get_n_gpus_for_throughput``):
+where verl starts GPU worker groups, vLLM replicas and a checkpoint engine, it builds
 
 * the generation actor (:mod:`.server`) behind verl's real load balancer and ``LLMServerClient``,
 * the single-process engine and frozen reference behind verl's worker-group calls (:mod:`.workers`),
@@ -31,10 +32,7 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.rollout.llm_server import LLMServerClient
 
 from infmem_verl.cpu.backend import check_cpu_support, cpu_settings
-from infmem_verl.cpu.engine import TorchEngine, load_model
 from infmem_verl.cpu.report import step_line, validation_line
-from infmem_verl.cpu.server import start_cpu_router, torch_threads, weights_digest
-from infmem_verl.cpu.workers import CPUActorRolloutRef, WeightSync
 from infmem_verl.rollout.trainer import InfMemSyncTrainer
 
 WEIGHTS = "cpu/weights"
@@ -48,6 +46,12 @@ class InfMemCPUTrainer(InfMemSyncTrainer):
 
     def _setup(self) -> None:
         """verl's ``_setup`` steps in verl's order, with CPU stand-ins for the GPU components."""
+        # Imported here, not at the top: the plugin imports this module whenever verl is imported,
+        # also while one of these submodules is the one importing verl (half-initialised).
+        from infmem_verl.cpu.engine import TorchEngine, load_model
+        from infmem_verl.cpu.server import start_cpu_router, torch_threads
+        from infmem_verl.cpu.workers import CPUActorRolloutRef, WeightSync
+
         config = self.config
         check_cpu_support(config)
         settings = cpu_settings(config)
@@ -101,9 +105,10 @@ class InfMemCPUTrainer(InfMemSyncTrainer):
         self._weight_metrics[f"{WEIGHTS}/after_rollout"] = self._served()
 
     def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        from infmem_verl.cpu.server import weights_digest  # see _setup for why not at the top
+
         batch = super()._update_actor(batch, metrics)
-        digest = weights_digest(self.actor_rollout_wg.engine.model)
-        self._weight_metrics[f"{WEIGHTS}/engine_after_update"] = digest
+        self._weight_metrics[f"{WEIGHTS}/engine_after_update"] = weights_digest(self.actor_rollout_wg.engine.model)
         return batch
 
     def on_step_end(self) -> None:

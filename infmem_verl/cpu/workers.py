@@ -33,8 +33,8 @@ from infmem_verl.cpu.engine import (
     TokenScores,
     TorchEngine,
     group_metrics,
-    over_sequence,
-    score_response,
+    score_rows,
+    sequence_scores,
     unbind_rows,
 )
 from infmem_verl.cpu.server import weights_digest
@@ -48,10 +48,8 @@ def sequence_outputs(rows: list[dict[str, torch.Tensor]], scores: list[TokenScor
     verl's trainer reads them back with ``response_from_nested`` (position ``t`` scores token
     ``t + 1``), the same layout the GPU engines produce.
     """
-    outputs = {"log_probs": [over_sequence(s.log_probs, len(r["prompts"])) for r, s in zip(rows, scores, strict=True)]}
-    if scores and scores[0].entropy is not None:
-        outputs["entropy"] = [over_sequence(s.entropy, len(r["prompts"])) for r, s in zip(rows, scores, strict=True)]
-    nested = {k: torch.nested.as_nested_tensor(v, layout=torch.jagged) for k, v in outputs.items()}
+    per_row = [sequence_scores(s, len(r["prompts"])) for r, s in zip(rows, scores, strict=True)]
+    nested = {key: torch.nested.as_nested_tensor([o[key] for o in per_row], layout=torch.jagged) for key in per_row[0]}
     return TensorDict(nested, batch_size=len(rows))
 
 
@@ -76,14 +74,12 @@ class CPUActorRolloutRef:
         scores = self.engine.score(rows, info["temperature"], bool(info.get("calculate_entropy", False)))
         return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=sequence_outputs(rows, scores))
 
-    @torch.no_grad()
     def compute_ref_log_prob(self, batch: KVBatchMeta) -> KVBatchMeta:
         """The frozen reference model's log-probs of every sequence, into TransferQueue."""
         if self.reference is None:
             raise RuntimeError("compute_ref_log_prob: no reference model (actor.use_kl_loss is false)")
-        temperature = batch.extra_info["temperature"]
         rows = self._rows(batch, TOKEN_FIELDS)
-        scores = [score_response(self.reference, r["prompts"], r["responses"], temperature, False) for r in rows]
+        scores = score_rows(self.reference, rows, batch.extra_info["temperature"], entropy=False)
         return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=sequence_outputs(rows, scores))
 
     def update_actor(self, batch: KVBatchMeta) -> TensorDict:
