@@ -30,8 +30,7 @@ class AgentLoop:
         self.tokenizer = tokenizer
         self.builder = PromptBuilder(tokenizer, cfg)
         self.cache = cache or DocumentCache(tokenizer, cfg.document, cfg.retrieval, cfg.retrieval.cache_size)
-        think_end = tokenizer.convert_tokens_to_ids("</think>")
-        self.think_end_id = think_end if isinstance(think_end, int) and think_end != tokenizer.unk_token_id else None
+        self.think_end_id = self.builder.think_end_id
         if cfg.thinking and self.think_end_id is None:
             raise ValueError("thinking: the tokenizer has no '</think>' token; set thinking=false for this model")
 

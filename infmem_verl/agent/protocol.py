@@ -461,6 +461,21 @@ class _Template:
         return np.concatenate(parts)
 
 
+def encode_text(tokenizer: Any, text: str) -> np.ndarray:
+    """Token ids of ``text`` without added special tokens, as int32 (what :meth:`PromptBuilder.encode` does)."""
+    return np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int32)
+
+
+def think_end_token_id(tokenizer: Any) -> int | None:
+    """The id of the ``</think>`` token, or None when the tokenizer has no such token.
+
+    Tokenizers map an unknown token to their unk id (or to None without one), so the bare lookup
+    would hand a non-thinking model's unk id to code that searches responses for ``</think>``.
+    """
+    token_id = tokenizer.convert_tokens_to_ids(THINK_END)
+    return token_id if isinstance(token_id, int) and token_id != tokenizer.unk_token_id else None
+
+
 class PromptBuilder:
     """Builds the token ids of every prompt: PreThink, Write (InfMem and MemAgent), Answer.
 
@@ -486,6 +501,8 @@ class PromptBuilder:
         self._evidence_labels: dict[int, np.ndarray] = {}
         # What the loop appends when thinking runs out of budget before closing itself.
         self.close_think_ids = self.encode(f"\n{THINK_END}\n\n")
+        # Where a response's thinking ends (None: the tokenizer has no '</think>' token).
+        self.think_end_id = think_end_token_id(tokenizer)
         # A rollout's search history grows by one line per step and every PreThink prompt shows it,
         # so encoding it whole each time costs O(steps^2) tokens per rollout (a 1M-token document
         # has 200 steps). Its lines are therefore encoded once each and concatenated, which gives
@@ -499,7 +516,7 @@ class PromptBuilder:
 
     def encode(self, text: str) -> np.ndarray:
         """Token ids of ``text`` without added special tokens, as int32."""
-        return np.asarray(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int32)
+        return encode_text(self.tokenizer, text)
 
     def _encode_frozen(self, text: str) -> np.ndarray:
         """:meth:`encode`, read-only: the result is cached and shared by every later prompt."""

@@ -13,7 +13,9 @@ No verl import: this runs before verl is asked for anything.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -44,6 +46,31 @@ def visible_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+class BackendChoice(NamedTuple):
+    """What :func:`choose_backend` decided."""
+
+    requested: str  # the setting: "auto" | "cpu" | "gpu"
+    name: str  # the backend: "cpu" | "gpu"
+    gpus: int
+
+
+def choose_backend(config: DictConfig, key: str, gpus: int | None, no_gpu_message: Callable[[], str]) -> BackendChoice:
+    """The backend the ``auto`` / ``cpu`` / ``gpu`` setting at ``key`` picks on a machine with ``gpus``
+    GPUs (None: the visible ones): ``auto`` takes the GPUs when there are any.
+
+    ``gpu`` without a GPU is a :class:`ConfigError` ``"{key}: {no_gpu_message()}"`` (a callable:
+    the message may read keys only that failure needs).
+    """
+    requested = OmegaConf.select(config, key, default="auto")
+    if requested not in BACKENDS:
+        raise ConfigError(f"{key}: expected one of {list(BACKENDS)}, got {requested!r}")
+    gpus = visible_gpus() if gpus is None else gpus
+    if requested == "gpu" and gpus == 0:
+        raise ConfigError(f"{key}: {no_gpu_message()}")
+    name = "gpu" if requested == "gpu" or (requested == "auto" and gpus > 0) else "cpu"
+    return BackendChoice(requested, name, gpus)
+
+
 def cpu_recipe_hint(config: DictConfig) -> str:
     """The command that runs the same agent on CPU."""
     memagent = config.actor_rollout_ref.rollout.agent.default_agent_loop == "memagent_agent"
@@ -56,27 +83,25 @@ def select_backend(config: DictConfig, gpus: int | None = None) -> Backend:
     A recipe that needs GPUs (``infmem.backend=gpu``) on a machine without one is a
     :class:`ConfigError` naming the recipe to run instead.
     """
-    requested = OmegaConf.select(config, "infmem.backend", default="auto")
-    if requested not in BACKENDS:
-        raise ConfigError(f"infmem.backend: expected one of {list(BACKENDS)}, got {requested!r}")
-    gpus = visible_gpus() if gpus is None else gpus
-    if requested == "gpu" and gpus == 0:
-        needed = config.trainer.n_gpus_per_node * config.trainer.nnodes
-        raise ConfigError(
-            f"infmem.backend: recipe {config.recipe_name!r} trains on GPUs ({needed} x GPU, vLLM + FSDP) and this "
-            f"machine has none; on CPU run `{cpu_recipe_hint(config)}` instead"
-        )
-    if requested == "gpu" or (requested == "auto" and gpus > 0):
+    choice = choose_backend(
+        config,
+        "infmem.backend",
+        gpus,
+        lambda: f"recipe {config.recipe_name!r} trains on GPUs "
+        f"({config.trainer.n_gpus_per_node * config.trainer.nnodes} x GPU, vLLM + FSDP) and this "
+        f"machine has none; on CPU run `{cpu_recipe_hint(config)}` instead",
+    )
+    if choice.name == "gpu":
         return Backend(
             "gpu",
-            gpus,
-            f"[infmem] backend: gpu - stock verl (vLLM rollout + FSDP update) on {gpus} visible GPU(s), "
+            choice.gpus,
+            f"[infmem] backend: gpu - stock verl (vLLM rollout + FSDP update) on {choice.gpus} visible GPU(s), "
             f"trainer mode {config.trainer.v1.trainer_mode}",
         )
-    reason = "infmem.backend=cpu" if requested == "cpu" else "no GPU visible"
+    reason = "infmem.backend=cpu" if choice.requested == "cpu" else "no GPU visible"
     return Backend(
         "cpu",
-        gpus,
+        choice.gpus,
         f"[infmem] backend: cpu ({reason}) - verl's sync trainer, config, dataset, TransferQueue, agent and "
         f"reward loops, GRPO, policy loss and KL; generation by a transformers Ray actor, updates by a "
         f"single-process torch engine (trainer mode {CPU_TRAINER_MODE})",

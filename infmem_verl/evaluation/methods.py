@@ -163,8 +163,7 @@ class BaselineMethod:
         self.prompt = DocumentPrompt(tokenizer, cfg, self.builder.encode)
         self.cache = _one_document_cache(tokenizer, cfg)
         self.window = window
-        think_end = tokenizer.convert_tokens_to_ids("</think>")
-        self.think_end_id = think_end if cfg.thinking else None
+        self.think_end_id = self.builder.think_end_id if cfg.thinking else None
 
     async def run(self, policy: Policy, sample: QASample) -> MethodOutcome:
         question_ids = self.builder.encode(sample.question.strip())

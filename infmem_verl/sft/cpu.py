@@ -11,7 +11,8 @@ decides *what* is trained and swaps only the FSDP engine:
   ``batch_num_tokens`` and ``dp_size`` set as verl's FSDP engine sets them, so a step's loss is
   the token mean over the global batch and the loss mask's alignment is verl's;
 * the optimizer is verl's ``build_optimizer`` on ``optim`` and the learning-rate schedule is the
-  FSDP engine's own ``_build_lr_scheduler``.
+  FSDP engine's (:func:`infmem_verl.cpu.engine.build_lr_scheduler`);
+* the step count is the one :func:`infmem_verl.sft.launch.optimizer_steps` printed before the run.
 
 What differs: one process, float32, micro-batches run as right-padded batches of the Hugging Face
 model (log-probs are only computed where the mask trains, the rest are zeros that the mask drops),
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import math
 import time
-import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,10 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 from tensordict import TensorDict
+
+from infmem_verl.cpu.engine import build_lr_scheduler, load_model
+
+from .launch import optimizer_steps
 
 @dataclass
 class CPUTrainResult:
@@ -46,7 +50,6 @@ class CPUTrainResult:
 
 def train_on_cpu(config: DictConfig) -> CPUTrainResult:
     """Run the SFT ``config`` describes (verl's ``sft_trainer_engine`` keys) on the CPU."""
-    from transformers import AutoModelForCausalLM
     from verl.trainer.sft_trainer import create_sft_dataset
     from verl.utils.config import omega_conf_to_dataclass
     from verl.utils.dataset.dataset_utils import SFTTensorCollator
@@ -57,17 +60,17 @@ def train_on_cpu(config: DictConfig) -> CPUTrainResult:
     started = time.perf_counter()
     torch.manual_seed(int(config.trainer.seed))
     tokenizer = load_tokenizer(str(config.model.get("tokenizer_path") or config.model.path))
-    model = AutoModelForCausalLM.from_pretrained(str(config.model.path), dtype=torch.float32)
+    model = load_model(str(config.model.path))
     dataset = create_sft_dataset(config.data.train_files, config.data, tokenizer, None, config.data.get("train_max_samples", -1))
     collate = SFTTensorCollator(config.data.pad_mode)
     batch_size = int(config.data.train_batch_size)
     generator = torch.Generator().manual_seed(int(config.trainer.seed))
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True, collate_fn=list, generator=generator)
-    steps = config.trainer.total_training_steps or len(loader) * int(config.trainer.total_epochs)
+    steps = optimizer_steps(config, len(dataset))  # the loader's full batches: len(loader) per epoch
     optim = omega_conf_to_dataclass(config.optim)
     optim.total_training_steps = steps
     optimizer = build_optimizer(model.parameters(), optim)
-    scheduler = _lr_scheduler(optim, optimizer)
+    scheduler = build_lr_scheduler(optimizer, optim, key="optim")
     micro = int(config.data.micro_batch_size_per_gpu)
     pad_id = tokenizer.pad_token_id or 0
 
@@ -92,13 +95,6 @@ def train_on_cpu(config: DictConfig) -> CPUTrainResult:
     result.seconds = time.perf_counter() - started
     print(f"[sft-cpu] loss over the data {result.loss_before:.4f} -> {result.loss_after:.4f}; model: {result.checkpoint}")
     return result
-
-
-def _lr_scheduler(optim, optimizer):
-    """verl's FSDP engine schedule (its method reads only these two attributes)."""
-    from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
-
-    return FSDPEngine._build_lr_scheduler(types.SimpleNamespace(optimizer_config=optim, rank=0), optimizer)
 
 
 def batch_loss(model, items: list[dict[str, Any]], collate, micro: int, pad_id: int, backward: bool) -> float:

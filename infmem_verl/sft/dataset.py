@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from verl.utils.dataset.dataset_utils import DatasetPadMode
 from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
 
-TOKEN_COLUMNS = ("input_ids", "loss_mask")
+from .samples import TOKEN_COLUMNS, check_columns
 
 
 class TokenSFTDataset(MultiTurnSFTDataset):
@@ -90,12 +90,7 @@ class TokenSFTDataset(MultiTurnSFTDataset):
 
 def _token_table(path: str) -> pa.Table:
     """The token columns of one SFT parquet, checked row by row."""
-    names = pq.read_schema(path).names
-    for column in TOKEN_COLUMNS:
-        if column not in names:
-            raise ValueError(
-                f"{path}: lacks column {column!r} (it has {names}); build SFT files with `python -m infmem_verl.distill`"
-            )
+    check_columns(path, TOKEN_COLUMNS)
     table = pq.read_table(path, columns=list(TOKEN_COLUMNS))
     ids, mask = table.column("input_ids"), table.column("loss_mask")
     same = pc.equal(pc.list_value_length(ids), pc.list_value_length(mask))

@@ -29,10 +29,9 @@ import pyarrow.parquet as pq
 from omegaconf import DictConfig, OmegaConf
 
 from infmem_verl.agent.config import ConfigError
+from infmem_verl.cpu.backend import choose_backend
 
-from .samples import TokenizerStamp, longest_sample, read_stamp
-
-BACKENDS = ("auto", "cpu", "gpu")
+from .samples import TOKEN_COLUMNS, TokenizerStamp, check_columns, longest_sample, read_stamp
 
 
 @dataclass
@@ -60,7 +59,8 @@ class PreparedSFT:
 
 
 def prepare_sft_config(config: DictConfig, gpus: int | None = None) -> PreparedSFT:
-    """Validate ``config`` and fill derived values in place; ConfigError names the key."""
+    """Validate ``config`` (setting ``model.path`` to the tiny model when ``sft.tiny_model``) and
+    say what it derives (backend, samples, optimizer steps); ConfigError names the key."""
     backend = select_backend(config, gpus)
     if config.sft.tiny_model:
         from infmem_verl.assets import tiny_qwen3_dir
@@ -72,12 +72,16 @@ def prepare_sft_config(config: DictConfig, gpus: int | None = None) -> PreparedS
     train = _files(config, "data.train_files", required=True)
     val = _files(config, "data.val_files", required=False)
     rows = sum(pq.ParquetFile(path).metadata.num_rows for path in train)
-    if rows < int(config.data.train_batch_size):
-        raise ConfigError(f"data.train_batch_size: {config.data.train_batch_size} is more than the {rows} training samples")
+    samples = train_sample_count(config, rows)
+    if samples < int(config.data.train_batch_size):
+        raise ConfigError(f"data.train_batch_size: {config.data.train_batch_size} is more than the {samples} training samples")
     longest = 0
     if token_level:
         for path in train + val:
-            _check_columns(path)
+            try:
+                check_columns(path, (*TOKEN_COLUMNS, "num_tokens"))  # longest_sample reads num_tokens
+            except ValueError as err:
+                raise ConfigError(f"data: {err}") from None
         longest = longest_sample(train + val)
         if config.data.truncation == "error" and longest > int(config.data.max_length):
             raise ConfigError(
@@ -86,28 +90,37 @@ def prepare_sft_config(config: DictConfig, gpus: int | None = None) -> PreparedS
             )
     check = _check_tokenizer(config, train + val)
     _check_optim(config)
-    per_epoch = rows // int(config.data.train_batch_size)
-    steps = config.trainer.total_training_steps or per_epoch * int(config.trainer.total_epochs)
-    return PreparedSFT(backend, str(config.model.path), train, val, rows, longest, int(steps), check)
+    steps = optimizer_steps(config, samples)
+    prepared = PreparedSFT(backend, str(config.model.path), train, val, samples, longest, steps, check)
+    if samples < rows:
+        prepared.notes.append(f"data.train_max_samples: {samples} of the {rows} training samples are used")
+    return prepared
+
+
+def train_sample_count(config: DictConfig, rows: int) -> int:
+    """How many of ``rows`` training samples verl's dataset keeps (``data.train_max_samples``, when
+    set and smaller)."""
+    limit = int(config.data.get("train_max_samples", -1))
+    return limit if 0 < limit < rows else rows
+
+
+def optimizer_steps(config: DictConfig, samples: int) -> int:
+    """The optimizer steps of a run over ``samples`` training samples, as verl's SFT trainer counts
+    them (and the CPU loop runs them): ``trainer.total_training_steps``, else the full batches of an
+    epoch (the loader drops a partial one) times ``trainer.total_epochs``."""
+    per_epoch = samples // int(config.data.train_batch_size)
+    return int(config.trainer.total_training_steps or per_epoch * int(config.trainer.total_epochs))
 
 
 def select_backend(config: DictConfig, gpus: int | None = None) -> str:
     """``cpu`` or ``gpu`` for ``sft.backend`` on a machine with ``gpus`` GPUs (default: visible)."""
-    requested = OmegaConf.select(config, "sft.backend", default="auto")
-    if requested not in BACKENDS:
-        raise ConfigError(f"sft.backend: expected one of {list(BACKENDS)}, got {requested!r}")
-    if gpus is None:
-        import torch
-
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if requested == "gpu" and gpus == 0:
-        raise ConfigError(
-            f"sft.backend: recipe {config.recipe_name} needs GPUs and none is visible; "
-            "on this machine run `python -m infmem_verl.sft +recipe=sft_smoke`"
-        )
-    if requested == "auto":
-        return "gpu" if gpus else "cpu"
-    return requested
+    return choose_backend(
+        config,
+        "sft.backend",
+        gpus,
+        lambda: f"recipe {config.recipe_name} needs GPUs and none is visible; "
+        "on this machine run `python -m infmem_verl.sft +recipe=sft_smoke`",
+    ).name
 
 
 def _dataset_class(config: DictConfig) -> bool:
@@ -138,13 +151,6 @@ def _files(config: DictConfig, key: str, required: bool) -> list[str]:
     return paths
 
 
-def _check_columns(path: str) -> None:
-    names = pq.read_schema(path).names
-    for column in ("input_ids", "loss_mask", "num_tokens"):
-        if column not in names:
-            raise ConfigError(f"data: {path} lacks column {column!r} (it has {names}); build it with `python -m infmem_verl.distill`")
-
-
 def _check_tokenizer(config: DictConfig, paths: list[str]) -> str:
     """Compare the model's tokenizer with the one every file was built with (local models only)."""
     folder = Path(os.path.expanduser(str(config.model.get("tokenizer_path") or config.model.path)))
@@ -157,7 +163,7 @@ def _check_tokenizer(config: DictConfig, paths: list[str]) -> str:
         stamp = read_stamp(path)
         if stamp is None:
             return f"not checked ({path} carries no tokenizer stamp)"
-        if stamp.chat_template_sha256 != mine.chat_template_sha256 or stamp.vocab_size != mine.vocab_size:
+        if mine.differences(stamp):
             raise ConfigError(
                 f"model.path: {folder}'s tokenizer (vocabulary {mine.vocab_size}) or chat template differs from "
                 f"the one {path} was built with ({stamp.name}, vocabulary {stamp.vocab_size}); distill with "

@@ -33,10 +33,9 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from infmem_verl.agent.trajectory import Turn
+from infmem_verl.agent.trajectory import TURN_KINDS, Turn
 from infmem_verl.evaluation.store import append_line, drop_cut_tail
 
-TURN_KINDS = ("prethink", "write", "answer")
 TURNS_FILE = "turns.jsonl"
 
 
@@ -147,7 +146,7 @@ class TurnStore:
     def __init__(self, out_dir: str | os.PathLike):
         self.path = Path(out_dir) / TURNS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.dropped_tail = drop_cut_tail(self.path)
+        drop_cut_tail(self.path)  # a line cut by a kill is dropped, never read (module docstring)
 
     def append(self, ref: str, sample_id: str, turns: Sequence[TurnRecord]) -> None:
         """Write one trajectory's turns durably, as a single line, under reference ``ref``."""

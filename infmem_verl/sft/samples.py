@@ -2,7 +2,8 @@
 
 One sample per LLM call: the call's prompt ids followed by its response ids, with a loss mask
 that is 0 on every prompt token and on the tokens the loop injected, 1 on what the teacher
-generated (its end token included, so the student learns to stop). The ids are the agent core's
+generated (its end token included, so the student learns to stop); a response whose thinking was
+rewritten (:mod:`infmem_verl.sft.shorten`) is trained whole. The ids are the agent core's
 own (see :mod:`infmem_verl.sft.records`), so the student is trained on exactly the prompts it will
 see in RL and evaluation, and never on the 5K-token document chunks (spec §8.2 item 10: the
 reference trained on the whole sequence).
@@ -25,7 +26,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Literal, Sequence
+from typing import Any, Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -42,6 +43,9 @@ ROW_GROUP_SIZE = 256
 # Schema-metadata key holding what the token ids were made with (checked against the model).
 METADATA_KEY = b"infmem_sft"
 _IM_START, _IM_END = "<|im_start|>", "<|im_end|>"
+
+# The columns our dataset class trains from (the rest of SFT_SCHEMA describes the samples).
+TOKEN_COLUMNS = ("input_ids", "loss_mask")
 
 SFT_SCHEMA = pa.schema(
     [
@@ -164,6 +168,30 @@ class TokenizerStamp:
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "vocab_size": self.vocab_size, "chat_template_sha256": self.chat_template_sha256}
 
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TokenizerStamp:
+        return cls(data["name"], int(data["vocab_size"]), data["chat_template_sha256"])
+
+    def differences(self, other: TokenizerStamp) -> list[str]:
+        """What of ``other`` would give other token ids: ``"chat template"``, ``"vocabulary"`` (the
+        name is not compared: one tokenizer has many paths)."""
+        differ = []
+        if self.chat_template_sha256 != other.chat_template_sha256:
+            differ.append("chat template")
+        if self.vocab_size != other.vocab_size:
+            differ.append("vocabulary")
+        return differ
+
+
+def check_columns(path: str | os.PathLike, columns: Iterable[str]) -> None:
+    """ValueError naming the first of ``columns`` (of :data:`SFT_SCHEMA`) the parquet at ``path`` lacks."""
+    names = pq.read_schema(os.fspath(path)).names
+    for column in columns:
+        if column not in names:
+            raise ValueError(
+                f"{path}: lacks column {column!r} (it has {names}); build SFT files with `python -m infmem_verl.distill`"
+            )
+
 
 def read_stamp(path: str | os.PathLike) -> TokenizerStamp | None:
     """The tokenizer stamp of an SFT parquet, or None for a file written by someone else."""
@@ -171,8 +199,7 @@ def read_stamp(path: str | os.PathLike) -> TokenizerStamp | None:
     raw = metadata.get(METADATA_KEY)
     if raw is None:
         return None
-    data = json.loads(raw)
-    return TokenizerStamp(data["name"], int(data["vocab_size"]), data["chat_template_sha256"])
+    return TokenizerStamp.from_json(json.loads(raw))
 
 
 class SFTWriter:
@@ -187,7 +214,6 @@ class SFTWriter:
         self.thinking = thinking
         stamp = json.dumps(TokenizerStamp.of(tokenizer).to_json()).encode("utf-8")
         self._rows = ParquetRowWriter(path, SFT_SCHEMA.with_metadata({METADATA_KEY: stamp}), ROW_GROUP_SIZE)
-        self.count = 0
 
     def write(self, sample: SFTSample, sample_id: str, source: str) -> None:
         prompt = sample.input_ids[: sample.prompt_tokens]
@@ -210,7 +236,6 @@ class SFTWriter:
                 "shortened": sample.shortened,
             }
         )
-        self.count += 1
 
     def close(self) -> None:
         self._rows.close()

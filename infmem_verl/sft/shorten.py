@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from infmem_verl.agent.policy import Policy, SamplingParams
-from infmem_verl.agent.protocol import THINK_END, THINK_START
-from infmem_verl.agent.trajectory import FLAG_THINK_CLOSED_BY_LOOP
+from infmem_verl.agent.protocol import THINK_END, THINK_START, encode_text, think_end_token_id
+from infmem_verl.agent.trajectory import FLAG_THINK_CLOSED_BY_LOOP, TURN_KINDS
 
-from .records import TURN_KINDS, TurnRecord
+from .records import TurnRecord
 
 # The least output budget a rewrite gets, whatever the ratio.
 _MIN_BUDGET = 16
@@ -75,13 +75,10 @@ class ThinkingShortener:
     def __init__(self, tokenizer, cfg: ShortenConfig) -> None:
         self.tokenizer = tokenizer
         self.cfg = cfg.validate()
-        think_end = tokenizer.convert_tokens_to_ids(THINK_END)
-        if not isinstance(think_end, int) or think_end == tokenizer.unk_token_id:
+        think_end = think_end_token_id(tokenizer)
+        if think_end is None:
             raise ValueError("shorten: the tokenizer has no '</think>' token; shortening needs a thinking model")
         self.think_end_id = think_end
-
-    def _encode(self, text: str) -> np.ndarray:
-        return np.asarray(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int32)
 
     def thinking_end(self, turn: TurnRecord) -> int | None:
         """Index of the first ``</think>`` token of the response, None when thinking never closed."""
@@ -110,7 +107,7 @@ class ThinkingShortener:
         text = self.tokenizer.decode(generation.token_ids, skip_special_tokens=True).strip()
         if not text or THINK_START in text or THINK_END in text:
             return ShortenOutcome(False, "rewrite empty or holds think tags")
-        head = self._encode(f"{THINK_START}\n{text}\n")
+        head = encode_text(self.tokenizer, f"{THINK_START}\n{text}\n")
         if len(head) + 1 >= end:
             return ShortenOutcome(False, "rewrite not shorter than the original")
         tail = turn.response_ids[end:]  # the original </think> and everything after it
@@ -129,4 +126,4 @@ class ThinkingShortener:
         text = self.tokenizer.apply_chat_template(
             [{"role": "user", "content": request}], tokenize=False, add_generation_prompt=True, enable_thinking=False
         )
-        return self._encode(text)
+        return encode_text(self.tokenizer, text)
