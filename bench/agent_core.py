@@ -414,10 +414,10 @@ async def run_dropping_result(agent: AgentLoop, policy, question: str, text: str
     await agent.run(policy, question, text)
 
 
-def run_probe(rounds: Sequence[Sequence[str]], stages: str | None = None, env: dict[str, str] | None = None) -> dict:
-    """Run :func:`probe` in a fresh process; ``env`` adds variables to that process only."""
-    spec = json.dumps({"rounds": rounds, "stages": stages})
-    command = [sys.executable, "-m", "bench.agent_core", "--probe", spec]
+def run_probe(spec: dict, module: str = "bench.agent_core", env: dict[str, str] | None = None) -> dict:
+    """Run ``python -m module --probe SPEC`` (a measurement, by default :func:`probe`) in a fresh
+    process and return the JSON it prints last; ``env`` adds variables to that process only."""
+    command = [sys.executable, "-m", module, "--probe", json.dumps(spec)]
     done = subprocess.run(
         command, cwd=REPO, capture_output=True, text=True, check=False, env={**os.environ, **(env or {})}
     )
@@ -443,10 +443,10 @@ def bench_memory(samples: Sequence[dict], tmp: Path) -> list[Row]:
     for i, sample in enumerate(samples):
         paths.append(str(tmp / f"sample{i}.json"))
         Path(paths[-1]).write_text(json.dumps(sample))
-    single = run_probe([paths[:1], paths[1:2]])
-    one_arena = run_probe([paths[:1], paths[1:2]], env={"MALLOC_ARENA_MAX": "1"})
-    group = run_probe([paths[-1:], paths[:GROUP_SIZE]])
-    stages = run_probe([paths[1:2]], stages=paths[0])
+    single = run_probe({"rounds": [paths[:1], paths[1:2]]})
+    one_arena = run_probe({"rounds": [paths[:1], paths[1:2]]}, env={"MALLOC_ARENA_MAX": "1"})
+    group = run_probe({"rounds": [paths[-1:], paths[:GROUP_SIZE]]})
+    stages = run_probe({"rounds": [paths[1:2]], "stages": paths[0]})
     first, warm = single["rounds"]
     concurrent = group["rounds"][1]
     rows = [
@@ -493,7 +493,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.probe:
         spec = json.loads(args.probe)
-        print(json.dumps(probe(spec["rounds"], spec["stages"])))
+        print(json.dumps(probe(spec["rounds"], spec.get("stages"))))
         return
 
     started = time.perf_counter()

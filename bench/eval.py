@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,14 +29,14 @@ from typing import Sequence
 
 import numpy as np
 
-from bench.agent_core import REPO, Row, measured, print_table
+from bench.agent_core import REPO, Row, measured, print_table, run_probe
 from infmem_verl.agent.config import agent_config
 from infmem_verl.agent.policy import SamplingParams
 from infmem_verl.assets import load_tokenizer, tiny_qwen3_dir
 from infmem_verl.data.sample import QASample
 from infmem_verl.data.synthetic import make_dataset, make_sample
 from infmem_verl.evaluation.config import PRESETS
-from infmem_verl.evaluation.data import CellSource
+from infmem_verl.evaluation.data import CellSource, length_tokens
 from infmem_verl.evaluation.methods import build_methods
 from infmem_verl.evaluation.runner import Runner
 from infmem_verl.evaluation.store import ResultStore
@@ -84,17 +83,12 @@ def bench_tokens(tokenizer, lengths: Sequence[str], samples: int) -> list[Row]:
     """InfMem (1-stop) vs MemAgent tokens per question with the oracle controller."""
     rows = []
     for label in lengths:
-        tokens = int(label.rstrip("km")) * (1 << 20 if label.endswith("m") else 1 << 10)
-        data = make_dataset(samples, tokens, tokenizer, seed=SEED)
+        data = make_dataset(samples, length_tokens(label), tokenizer, seed=SEED)
         methods = build_methods(["infmem", "memagent"], default_cfg(), tokenizer, window=32768)
         policy = oracle_policy(tokenizer, data)
-        result = {}
-        for name, method in methods.items():
-            started = time.perf_counter()
-            outcomes = [asyncio.run(method.run(policy, s)) for s in data]
-            result[name] = (outcomes, time.perf_counter() - started)
-        infmem, memagent = (result[n][0] for n in ("infmem", "memagent"))
-        per_q = {n: np.mean([o.prompt_tokens + o.completion_tokens for o in result[n][0]]) for n in result}
+        result = {name: [asyncio.run(method.run(policy, s)) for s in data] for name, method in methods.items()}
+        infmem, memagent = result["infmem"], result["memagent"]
+        per_q = {n: np.mean([o.prompt_tokens + o.completion_tokens for o in outcomes]) for n, outcomes in result.items()}
         correct = sum(o.prediction == s.answers[0] for o, s in zip(infmem, data))
         stops = [o.stop_step for o in infmem]
         rows.append(
@@ -135,13 +129,13 @@ def bench_harness_cpu(tokenizer, samples: int, tokens: int) -> list[Row]:
                 return sum(o.llm_calls for o in outcomes)
 
             async def eval_run():
-                async with OpenAIPolicy([server.url], end_token_ids(tokenizer), max_concurrency=8) as policy:
-                    await policy.server_info()
+                policy, _ = await OpenAIPolicy.connect("bench.eval", [server.url], end_token_ids(tokenizer), max_concurrency=8)
+                async with policy:
                     cpu, wall = time.process_time(), time.perf_counter()
                     calls = await run_all(policy)
-                    return calls, time.process_time() - cpu, time.perf_counter() - wall, policy.stats.request_s
+                    return calls, time.process_time() - cpu, time.perf_counter() - wall
 
-            calls, cpu, wall, request_s = asyncio.run(eval_run())
+            calls, cpu, wall = asyncio.run(eval_run())
             policy_cpu, policy_calls = asyncio.run(_policy_only(server.url, tokenizer))
         finally:
             server.stop()
@@ -189,7 +183,7 @@ def probe_memory(count: int, tokens: int) -> dict:
         methods = build_methods(["infmem"], cfg, tokenizer, window=32768)
         with tempfile.TemporaryDirectory() as tmp:
             store = ResultStore(tmp, {"bench": label})
-            source = CellSource("synthetic", "1m", "bench", lambda: iter(items))
+            source = CellSource("synthetic", "1m", lambda: iter(items))
             asyncio.run(Runner(policy, methods, store, concurrency, progress=False).run([source]))
 
     run("warm", [warm], 1)
@@ -199,11 +193,7 @@ def probe_memory(count: int, tokens: int) -> dict:
 
 
 def bench_memory(count: int, tokens: int) -> list[Row]:
-    spec = json.dumps({"count": count, "tokens": tokens})
-    done = subprocess.run([sys.executable, "-m", "bench.eval", "--probe", spec], cwd=REPO, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"memory probe failed:\n{done.stderr[-4000:]}")
-    m = json.loads(done.stdout.strip().splitlines()[-1])
+    m = run_probe({"count": count, "tokens": tokens}, module="bench.eval")
     per_sample = (m["peak"] - m["start"]) / m["count"]
     return [
         Row(

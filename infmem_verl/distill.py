@@ -22,8 +22,9 @@ Output, in ``--out``:
   one prompt builder), response ids and response mask (:class:`~infmem_verl.sft.records.TurnStore`);
 * ``sft_train.parquet`` (and ``sft_val.parquet`` with ``--val-fraction``): one verl SFT sample
   per LLM call, loss on the teacher's generated tokens only (never the prompt, the document
-  chunk, or a closing tag the loop injected); rebuilt from the records on every run, or alone
-  with ``--sft-only``;
+  chunk, or a closing tag the loop injected), except a response whose thinking ``--shorten-over``
+  rewrote: that response is trained whole, its closing tag too; rebuilt from the records on every
+  run, or alone with ``--sft-only``;
 * ``report.json``: keep rate, drop and failure reasons, samples per call kind.
 
 Filtering: ``--keep correct`` (default) keeps trajectories whose answer scores at least
@@ -52,9 +53,7 @@ import asyncio
 import dataclasses
 import itertools
 import json
-import re
 import sys
-import typing
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -79,12 +78,12 @@ from infmem_verl.agent.trajectory import (
     Trajectory,
 )
 from infmem_verl.data.sample import QASample
+from infmem_verl.eval import comma_list
 from infmem_verl.evaluation.data import CellSource, LoadFailure, synthetic_sources
 from infmem_verl.evaluation.runner import Runner
-from infmem_verl.evaluation.store import MANIFEST, ResultStore
-from infmem_verl.policy.openai import ErrorKind
+from infmem_verl.evaluation.store import MANIFEST, RETRY_POLICIES, ResultStore, RetryPolicy, check_retry_policy
 from infmem_verl.policy.source import ModelSource, OpenedModel, add_model_options, model_source, open_model
-from infmem_verl.reward.metrics import score_answer
+from infmem_verl.reward.metrics import ANSWER_METRICS, score_answer
 from infmem_verl.sft.records import RecordError, TurnRecord, TurnStore, read_turns
 from infmem_verl.sft.samples import AnswerCopies, SFTWriter, TokenizerStamp, answer_copy_count, sft_paths, split_of, trajectory_samples
 from infmem_verl.sft.shorten import ShortenConfig, ThinkingShortener
@@ -97,15 +96,12 @@ DEFAULT_DROP_FLAGS = (
     FLAG_OUTPUT_TRUNCATED,
     FLAG_NO_ANSWER,
 )
-METRICS = ("em", "sub_em_strict", "sub_em", "f1")
 # The teacher's defaults: many samples in flight, for a server fleet.
 TEACHER = ModelSource(concurrency=64)
 REPORT = "report.json"
 UNREADABLE_ROW = "unreadable training row"
 # Every turn flag the agent core sets (the FLAG_* constants of agent.trajectory).
 KNOWN_FLAGS = frozenset(value for name, value in vars(trajectory_flags).items() if name.startswith("FLAG_"))
-# A PolicyError's record reason: "PolicyError: <endpoint>: <kind>: <message>".
-_POLICY_FAILURE = re.compile(r"PolicyError: .*?: (%s): " % "|".join(typing.get_args(ErrorKind)))
 
 
 @dataclass
@@ -131,15 +127,15 @@ class DistillConfig:
     answer_copies: AnswerCopies = 1
     max_length: int | None = None
     val_fraction: float = 0.0
-    retry_failed: Literal["transient", "all", "none"] = "transient"
+    retry_failed: RetryPolicy = "transient"
     run_teacher: bool = True  # False: --sft-only
     progress: bool = True
 
     def validate(self) -> DistillConfig:
         if self.keep not in ("correct", "all"):
             raise ConfigError(f"keep: expected correct or all, got {self.keep!r}")
-        if self.metric not in METRICS:
-            raise ConfigError(f"metric: expected one of {list(METRICS)}, got {self.metric!r}")
+        if self.metric not in ANSWER_METRICS:
+            raise ConfigError(f"metric: expected one of {list(ANSWER_METRICS)}, got {self.metric!r}")
         if not 0 <= self.min_score <= 1:
             raise ConfigError(f"min_score: expected a number in [0, 1], got {self.min_score!r}")
         self.source.validate()
@@ -152,8 +148,7 @@ class DistillConfig:
         unknown = sorted(set(self.drop_flags) - KNOWN_FLAGS)
         if unknown:
             raise ConfigError(f"drop_flags: unknown flag {unknown[0]!r}; expected some of {sorted(KNOWN_FLAGS)} or none")
-        if self.retry_failed not in ("transient", "all", "none"):
-            raise ConfigError(f"retry_failed: expected transient, all or none, got {self.retry_failed!r}")
+        check_retry_policy(self.retry_failed)
         for name, path in (("data", self.data), ("decomposition", self.decomposition)):
             if self.run_teacher and path is not None and not Path(path).is_file():
                 raise ConfigError(f"{name}: {path} not found")
@@ -374,7 +369,7 @@ def training_source(path: Path, limit: int | None) -> CellSource:
             except (ValueError, KeyError, TypeError, OSError) as err:
                 yield LoadFailure(_row_id(row, where), f"{UNREADABLE_ROW}: {where}: {type(err).__name__}: {err}")
 
-    return CellSource(path.stem, "train", str(path), items)
+    return CellSource(path.stem, "train", items)
 
 
 def _row_id(row: Mapping[str, Any], where: str) -> str:
@@ -502,16 +497,16 @@ def summarize(records: Sequence[Mapping[str, Any]], build: SFTBuild) -> DistillR
             if not record.get("kept"):
                 dropped[record.get("drop_reason") or "unknown"] += 1
         else:
-            failed[_failure_kind(str(record.get("reason", "")))] += 1
+            failed[_failure_kind(record)] += 1
             transient += bool(record.get("transient"))
     return DistillReport(len(records), finished, kept, dict(dropped), dict(failed), transient, privileged, shortened, build)
 
 
-def _failure_kind(reason: str) -> str:
-    """A failure's reason without its per-sample details, so that counts group."""
-    match = _POLICY_FAILURE.match(reason)
-    if match:
-        return f"teacher {match.group(1)}"
+def _failure_kind(record: Mapping[str, Any]) -> str:
+    """A failed record's reason without its per-sample details, so that counts group."""
+    if record.get("error_kind"):  # the teacher's PolicyError (see Runner._sample)
+        return f"teacher {record['error_kind']}"
+    reason = str(record.get("reason", ""))
     if reason.startswith(UNREADABLE_ROW):
         return UNREADABLE_ROW
     return reason[:80]
@@ -561,8 +556,12 @@ def saved_run(cfg: DistillConfig) -> tuple[ResultStore, TurnStore, str, AgentCon
         raise ConfigError(f"out: {cfg.out} holds no distillation run (no {MANIFEST}); run without --sft-only first")
     saved = json.loads(manifest.read_text(encoding="utf-8"))
     tokenizer = load_tokenizer(str(cfg.source.tokenizer) if cfg.source.tokenizer else None)
-    if TokenizerStamp.of(tokenizer).to_json()["chat_template_sha256"] != saved["tokenizer"]["chat_template_sha256"]:
-        raise ConfigError(f"tokenizer: not the one {cfg.out} was distilled with ({saved['tokenizer']['name']}); pass --tokenizer")
+    stamp = TokenizerStamp.from_json(saved["tokenizer"])
+    differ = TokenizerStamp.of(tokenizer).differences(stamp)
+    if differ:
+        raise ConfigError(
+            f"tokenizer: not the one {cfg.out} was distilled with ({stamp.name}; {' and '.join(differ)} differ); pass --tokenizer"
+        )
     return ResultStore(cfg.out, saved), TurnStore(cfg.out), saved["agent"], agent_config(saved["agent_config"]), tokenizer
 
 
@@ -570,8 +569,9 @@ async def distill(cfg: DistillConfig, teacher: OpenedModel | None = None) -> Dis
     """Run the teacher (unless ``run_teacher`` is off), build the SFT files, write the report."""
     cfg.validate()
     store, turns, agent, agent_cfg, tokenizer = await run_teacher(cfg, teacher) if cfg.run_teacher else saved_run(cfg)
-    build = build_sft(store.latest(), turns, cfg, agent, tokenizer, agent_cfg.thinking)
-    report = summarize(store.latest(), build)
+    records = store.latest()
+    build = build_sft(records, turns, cfg, agent, tokenizer, agent_cfg.thinking)
+    report = summarize(records, build)
     (cfg.out / REPORT).write_text(json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
     for line in report.lines():
         print(f"[distill] {line}")
@@ -594,7 +594,7 @@ def parse_args(argv: Sequence[str] | None = None) -> DistillConfig:
     parser.add_argument("--top-p", type=float, default=0.95)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", choices=("correct", "all"), default="correct")
-    parser.add_argument("--metric", choices=METRICS, default="em", help="answer score --keep correct uses")
+    parser.add_argument("--metric", choices=ANSWER_METRICS, default="em", help="answer score --keep correct uses")
     parser.add_argument("--min-score", type=float, default=1.0)
     parser.add_argument("--drop-flags", default=",".join(DEFAULT_DROP_FLAGS), help="turn flags that drop a trajectory; 'none' for none")
     parser.add_argument("--decomposition", type=Path, help="MuSiQue file with question_decomposition: privileged teacher hints")
@@ -604,11 +604,11 @@ def parse_args(argv: Sequence[str] | None = None) -> DistillConfig:
     parser.add_argument("--answer-copies", default="1", help="copies of each answer sample, or 'reference'")
     parser.add_argument("--max-length", type=int, help="leave out SFT samples longer than this (the recipe's data.max_length)")
     parser.add_argument("--val-fraction", type=float, default=0.0, help="trajectories written to sft_val.parquet (reference: 0.1)")
-    parser.add_argument("--retry-failed", default="transient", choices=("transient", "all", "none"))
+    parser.add_argument("--retry-failed", default="transient", choices=RETRY_POLICIES)
     parser.add_argument("--sft-only", action="store_true", help="rebuild the SFT files from the records, no teacher")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
-    flags = () if args.drop_flags.strip() == "none" else tuple(f.strip() for f in args.drop_flags.split(",") if f.strip())
+    flags = () if args.drop_flags.strip() == "none" else tuple(comma_list(args.drop_flags))
     copies = args.answer_copies if args.answer_copies == "reference" else _int(args.answer_copies, "--answer-copies")
     return DistillConfig(
         out=args.out,
@@ -629,7 +629,7 @@ def parse_args(argv: Sequence[str] | None = None) -> DistillConfig:
         shorten=ShortenConfig(
             over_tokens=args.shorten_over,
             ratio=args.shorten_ratio,
-            kinds=tuple(k.strip() for k in args.shorten_kinds.split(",") if k.strip()),
+            kinds=tuple(comma_list(args.shorten_kinds)),
         ),
         answer_copies=copies,
         max_length=args.max_length,

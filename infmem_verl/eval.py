@@ -31,9 +31,9 @@ from .evaluation.config import PRESETS, DataSpec, EvalConfig
 from .evaluation.data import CellSource, file_source, find_file, missing_source, synthetic_sources
 from .evaluation.methods import METHODS, build_methods
 from .evaluation.published import BACKBONES
-from .evaluation.report import markdown_table, write_report
+from .evaluation.report import dataset_tables, write_report
 from .evaluation.runner import Runner
-from .evaluation.store import ResultStore
+from .evaluation.store import RETRY_POLICIES, ResultStore
 
 # Synthetic lengths and samples per length when no data is given, by preset.
 SYNTHETIC_DEFAULTS = {"embedded": (["2k", "4k"], 2), "default": (["32k", "128k"], 16), "reference": (["32k", "128k"], 16)}
@@ -57,16 +57,16 @@ def parse_args(argv: Sequence[str] | None = None) -> EvalConfig:
     parser.add_argument("--out", type=Path, help="output folder (default: runs/eval/<preset>)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="agent setting, e.g. document.chunk_tokens=2000")
     parser.add_argument("--published-backbone", default="qwen3-4b", choices=BACKBONES)
-    parser.add_argument("--retry-failed", default="transient", choices=("transient", "all", "none"))
+    parser.add_argument("--retry-failed", default="transient", choices=RETRY_POLICIES)
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     cfg = EvalConfig(
         preset=args.preset,
-        methods=_split(args.methods),
+        methods=comma_list(args.methods),
         data=[_data_spec(text) for text in args.data],
         data_dir=args.data_dir,
-        datasets=_split(args.datasets),
-        lengths=_split(args.lengths),
+        datasets=comma_list(args.datasets),
+        lengths=comma_list(args.lengths),
         pools=dict(_pair(text, "--pool") for text in args.pool),
         samples=args.samples,
         seed=args.seed,
@@ -82,7 +82,8 @@ def parse_args(argv: Sequence[str] | None = None) -> EvalConfig:
     return cfg.validate()
 
 
-def _split(text: str) -> list[str]:
+def comma_list(text: str) -> list[str]:
+    """The non-empty, stripped items of a comma-separated option value."""
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
@@ -175,9 +176,9 @@ async def evaluate(cfg: EvalConfig) -> Path:
     )
     report = write_report(cfg.out, stats, preset, cfg.published_backbone, header)
     print(header)
-    for dataset in dict.fromkeys(s.dataset for s in stats):
+    for dataset, table in dataset_tables(stats, preset, cfg.published_backbone).items():
         print(f"\n{dataset}")
-        print("\n".join(markdown_table([s for s in stats if s.dataset == dataset], preset, cfg.published_backbone)))
+        print("\n".join(table))
     print(f"\n[eval] report: {report}")
     return report
 

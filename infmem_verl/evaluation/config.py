@@ -28,6 +28,7 @@ from infmem_verl.agent.config import AgentConfig, ConfigError, agent_config
 from infmem_verl.policy.source import ModelSource
 
 from .methods import METHODS
+from .store import RetryPolicy, check_retry_policy
 
 Headline = Literal["ours", "reference"]
 
@@ -116,7 +117,7 @@ class EvalConfig:
     out: Path = Path("runs/eval")
     agent: dict[str, Any] = field(default_factory=dict)  # overrides on top of the preset
     published_backbone: str = "qwen3-4b"
-    retry_failed: Literal["transient", "all", "none"] = "transient"
+    retry_failed: RetryPolicy = "transient"
     progress: bool = True
 
     def resolved_preset(self) -> Preset:
@@ -149,8 +150,7 @@ class EvalConfig:
             raise ConfigError(f"samples: expected an integer >= 1, got {self.samples!r}")
         if self.context_window is not None and self.context_window < 256:
             raise ConfigError(f"context_window: expected an integer >= 256, got {self.context_window!r}")
-        if self.retry_failed not in ("transient", "all", "none"):
-            raise ConfigError(f"retry_failed: expected transient, all or none, got {self.retry_failed!r}")
+        check_retry_policy(self.retry_failed)
         self.agent_config()
         return self
 

@@ -54,7 +54,6 @@ class CellSource:
 
     dataset: str
     length: str
-    origin: str  # the file, or "synthetic"
     items: Callable[[], Iterator[Item]]
 
 
@@ -78,14 +77,14 @@ def synthetic_sources(lengths: Sequence[str], samples: int, tokenizer, seed: int
             yield make_sample(index, tokens, tokenizer, seed)
 
     return [
-        CellSource(SYNTHETIC, label, SYNTHETIC, functools.partial(items, length_tokens(label)))
+        CellSource(SYNTHETIC, label, functools.partial(items, length_tokens(label)))
         for label in map(normalize_length, lengths)
     ]
 
 
 def file_source(dataset: str, length: str, path: Path, pool: Callable[[], Sequence[str] | None], limit: int | None) -> CellSource:
     """The samples of a published evaluation file (text or index contexts)."""
-    return CellSource(dataset, normalize_length(length), str(path), functools.partial(_file_items, dataset, path, pool, limit))
+    return CellSource(dataset, normalize_length(length), functools.partial(_file_items, dataset, path, pool, limit))
 
 
 def _file_items(dataset: str, path: Path, pool: Callable[[], Sequence[str] | None], limit: int | None) -> Iterator[Item]:
@@ -138,4 +137,4 @@ def missing_source(dataset: str, length: str, reason: str) -> CellSource:
         raise DataError(reason)
         yield  # makes this a generator: the error comes with the first item, as for a bad file
 
-    return CellSource(dataset, normalize_length(length), "missing", items)
+    return CellSource(dataset, normalize_length(length), items)

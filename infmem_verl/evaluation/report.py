@@ -31,8 +31,8 @@ def write_report(out_dir: Path, stats: Sequence[CellStats], preset: Preset, back
     lines = ["# Evaluation report", "", header, "", f"Preset **{preset.name}**: {preset.description}.", ""]
     label = ACC_OURS if preset.headline == "ours" else ACC_REF
     lines += [f"Headline accuracy: {label}, in %, with its 95% Wilson interval. Failed samples are counted apart, never scored.", ""]
-    for dataset in dict.fromkeys(s.dataset for s in stats):
-        lines += [f"## {dataset}", "", *markdown_table([s for s in stats if s.dataset == dataset], preset, backbone), ""]
+    for dataset, table in dataset_tables(stats, preset, backbone).items():
+        lines += [f"## {dataset}", "", *table, ""]
     failures = [s for s in stats if s.failure_reasons]
     if failures:
         lines += ["## Failures", ""]
@@ -46,6 +46,12 @@ def write_report(out_dir: Path, stats: Sequence[CellStats], preset: Preset, back
     path = out_dir / "report.md"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+def dataset_tables(stats: Sequence[CellStats], preset: Preset, backbone: str) -> dict[str, list[str]]:
+    """The Markdown table of each dataset's cells, by dataset in order of first appearance."""
+    datasets = dict.fromkeys(s.dataset for s in stats)
+    return {dataset: markdown_table([s for s in stats if s.dataset == dataset], preset, backbone) for dataset in datasets}
 
 
 def markdown_table(stats: Sequence[CellStats], preset: Preset, backbone: str) -> list[str]:

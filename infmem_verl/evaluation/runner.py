@@ -5,7 +5,8 @@ Cells run one after another (their wall time is then a property of the cell); in
 worker thread (building a synthetic 1M-token document or parsing a large file must not stall the
 requests in flight), and only when a slot is free, so memory holds at most ``concurrency``
 documents. Every sample ends in exactly one record: ``ok`` with its scores, or ``failed`` with
-the reason; an exception of one sample never stops the others.
+the reason (and ``error_kind``, the :class:`~infmem_verl.policy.openai.PolicyError` kind, when the
+policy failed); an exception of one sample never stops the others.
 """
 
 from __future__ import annotations
@@ -22,15 +23,13 @@ from tqdm import tqdm
 from data_prep.io import DataError
 from infmem_verl.agent.policy import Policy
 from infmem_verl.data.sample import QASample
-from infmem_verl.policy.openai import PolicyError
+from infmem_verl.policy.openai import TRANSIENT_KINDS, ErrorKind, PolicyError
 from infmem_verl.reward.metrics import score_answer
 
 from .data import CellSource, LoadFailure
 from .methods import MethodOutcome
-from .store import Key, ResultStore
+from .store import Key, ResultStore, RetryPolicy
 
-# Policy errors that say nothing about the sample: a later run should try it again.
-TRANSIENT_KINDS = frozenset({"unreachable", "timeout", "server_error"})
 CELL = "__cell__"  # sample id of a record that fails a whole cell (its file is missing)
 _ANSWER_CHARS = 500
 
@@ -46,7 +45,7 @@ class RunCounts:
 
 class Runner:
     def __init__(self, policy: Policy, methods: Mapping[str, Any], store: ResultStore, concurrency: int,
-                 retry_failed: str = "transient", progress: bool = True):  # fmt: skip
+                 retry_failed: RetryPolicy = "transient", progress: bool = True):  # fmt: skip
         self.policy = policy
         self.methods = methods
         self.store = store
@@ -104,8 +103,9 @@ class Runner:
         try:
             outcome = await self.methods[key.method].run(self.policy, sample)
         except Exception as err:  # any failure of one sample is recorded; the others go on
-            transient = isinstance(err, PolicyError) and err.kind in TRANSIENT_KINDS
-            fields = _failed(f"{type(err).__name__}: {err}", transient)
+            # A policy error's kind is kept so that reports group by it (its message varies).
+            kind = err.kind if isinstance(err, PolicyError) else None
+            fields = _failed(f"{type(err).__name__}: {err}", kind in TRANSIENT_KINDS, kind)
         else:
             fields = self.record_fields(outcome, sample)
         finally:
@@ -132,8 +132,8 @@ class Runner:
             self.counts.failed += 1
 
 
-def _failed(reason: str, transient: bool) -> dict[str, Any]:
-    return {"status": "failed", "reason": reason, "transient": transient}
+def _failed(reason: str, transient: bool, kind: ErrorKind | None = None) -> dict[str, Any]:
+    return {"status": "failed", "reason": reason, "transient": transient, "error_kind": kind}
 
 
 def _scored(outcome: MethodOutcome, sample: QASample) -> dict[str, Any]:

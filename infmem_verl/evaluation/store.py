@@ -14,13 +14,23 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Literal, Mapping, get_args
 
 from infmem_verl.agent.config import ConfigError
 
 RESULTS = "results.jsonl"
 MANIFEST = "manifest.json"
 RECORD_VERSION = 1
+# Which failed samples a resumed run runs again (see ResultStore.should_run).
+RetryPolicy = Literal["transient", "all", "none"]
+RETRY_POLICIES: tuple[RetryPolicy, ...] = get_args(RetryPolicy)
+
+
+def check_retry_policy(value: object) -> None:
+    """ConfigError unless ``value`` is one of :data:`RETRY_POLICIES` (a run's ``retry_failed``)."""
+    if value not in RETRY_POLICIES:
+        expected = f"{', '.join(RETRY_POLICIES[:-1])} or {RETRY_POLICIES[-1]}"
+        raise ConfigError(f"retry_failed: expected {expected}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -63,7 +73,7 @@ class ResultStore:
         tmp.write_text(json.dumps(protocol, indent=2, sort_keys=True), encoding="utf-8")
         os.replace(tmp, manifest)
 
-    def should_run(self, key: Key, retry_failed: str) -> bool:
+    def should_run(self, key: Key, retry_failed: RetryPolicy) -> bool:
         """Whether ``key`` still needs a run: never done, or failed and retried by the policy
         (``transient``: failures the server caused, such as an unreachable endpoint)."""
         record = self.records.get(key)

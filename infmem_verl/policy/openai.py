@@ -37,7 +37,10 @@ from infmem_verl.agent.policy import FinishReason, Generation, SamplingParams
 ErrorKind = Literal["unreachable", "timeout", "server_error", "rejected", "malformed", "prompt_changed"]
 # Statuses worth retrying: the server is overloaded, restarting or timed out.
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
-_RETRYABLE: frozenset[ErrorKind] = frozenset({"unreachable", "timeout", "server_error"})
+# Kinds that say nothing about the request (the server was unreachable, slow or failing): a call
+# retries them, and a resumed evaluation or distillation runs such a failed sample again
+# (``--retry-failed transient``, the default).
+TRANSIENT_KINDS: frozenset[ErrorKind] = frozenset({"unreachable", "timeout", "server_error"})
 # How much of a server's error body goes into a message.
 _BODY_CHARS = 300
 
@@ -297,7 +300,7 @@ class OpenAIPolicy:
                 finally:
                     endpoint.in_flight -= 1
                     self.stats.request_s += time.perf_counter() - started
-            if error.kind not in _RETRYABLE or attempt >= self.max_retries:
+            if error.kind not in TRANSIENT_KINDS or attempt >= self.max_retries:
                 self.stats.failures += 1
                 if attempt:
                     raise PolicyError(error.kind, error.endpoint, f"{error} (after {attempt + 1} attempts)") from None
@@ -351,7 +354,7 @@ class OpenAIPolicy:
             return "stop"
         if finish == "abort":
             return "abort"
-        raise PolicyError("malformed", where, f"choices[0].finish_reason: expected stop or length, got {finish!r}")
+        raise PolicyError("malformed", where, f"choices[0].finish_reason: expected stop, length or abort, got {finish!r}")
 
 
 async def _json_body(response: aiohttp.ClientResponse, url: str) -> Any:

@@ -36,14 +36,13 @@ from infmem_verl.agent.trajectory import (
     FLAG_THINK_CLOSED_BY_LOOP,
     FLAG_THINK_UNCLOSED,
 )
-from infmem_verl.reward.metrics import answer_in_text, exact_match, score_answer
+from infmem_verl.reward.metrics import ANSWER_METRICS, answer_in_text, exact_match, score_answer
 from infmem_verl.rollout.facts import TurnFacts
 
 # A Write with any of these did not close its thinking, or did not leave a memory within the cap.
 MEMORY_FAILURES = frozenset(
     {FLAG_THINK_UNCLOSED, FLAG_THINK_CLOSED_BY_LOOP, FLAG_MEMORY_TRUNCATED, FLAG_OUTPUT_TRUNCATED, FLAG_MEMORY_KEPT}
 )
-OUTCOME_METRICS = ("em", "f1", "sub_em", "sub_em_strict")
 
 
 @dataclass
@@ -89,8 +88,8 @@ class TrajectoryRecord:
 
 def outcome(record: TrajectoryRecord, metric: str = "em") -> float:
     """The final answer's score under ``metric`` (em, f1, sub_em, sub_em_strict), best over golds."""
-    if metric not in OUTCOME_METRICS:
-        raise ValueError(f"metric: expected one of {list(OUTCOME_METRICS)}, got {metric!r}")
+    if metric not in ANSWER_METRICS:
+        raise ValueError(f"metric: expected one of {list(ANSWER_METRICS)}, got {metric!r}")
     return score_answer(record.prediction, record.golds)[metric]
 
 

@@ -53,8 +53,12 @@ def sub_em_strict(pred: str | None, golds: Iterable[str]) -> float:
     return _best(pred, golds, lambda p, g: float(bool(p and g) and g in p))
 
 
+# The keys of score_answer, in its order: the metrics a caller may pick one of.
+ANSWER_METRICS = ("em", "f1", "sub_em", "sub_em_strict")
+
+
 def score_answer(pred: str | None, golds: Iterable[str]) -> dict[str, float]:
-    """All answer metrics at once: keys ``em``, ``f1``, ``sub_em``, ``sub_em_strict``."""
+    """All answer metrics at once, keyed by :data:`ANSWER_METRICS` (em, f1, sub_em, sub_em_strict)."""
     golds = _checked_golds(golds)
     return {
         "em": exact_match(pred, golds),
