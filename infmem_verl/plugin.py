@@ -1,37 +1,55 @@
 """verl plugin entry point (``verl.plugins: infmem = infmem_verl.plugin`` in setup.py).
 
-``import verl`` loads every ``verl.plugins`` entry point in every process: the driver, the
-TaskRunner, the agent-loop and reward-loop workers (Ray actors). Importing this module registers:
+``import verl`` loads every ``verl.plugins`` entry point (and ``VERL_USE_EXTERNAL_MODULES``) in
+every process it runs in: the driver and TaskRunner, but also every FSDP worker, vLLM server and
+vLLM's engine subprocesses. Most of them never read our registrations, so importing this module
+imports nothing of verl's: each registration runs when, and only where, the verl package holding
+its registry is imported (after that package has finished importing):
 
-* agent loops ``infmem_agent`` and ``memagent_agent`` (:mod:`infmem_verl.rollout.agent_loop`),
-* reward manager ``infmem`` (:mod:`infmem_verl.reward.manager`),
-* trainer mode ``infmem_sync`` (:mod:`infmem_verl.rollout.trainer`),
-* trainer mode ``infmem_cpu``, the CPU backend (:mod:`infmem_verl.cpu.trainer`).
+* ``verl.experimental.agent_loop`` (agent-loop workers): agent loops ``infmem_agent`` and
+  ``memagent_agent`` (:mod:`infmem_verl.rollout.agent_loop`);
+* ``verl.experimental.reward_loop`` (reward-loop workers): reward manager ``infmem``
+  (:mod:`infmem_verl.reward.manager`);
+* ``verl.trainer.ppo.v1`` (the TaskRunner): trainer modes ``infmem_sync``
+  (:mod:`infmem_verl.rollout.trainer`) and ``infmem_cpu``, the CPU backend (:mod:`infmem_verl.cpu.trainer`).
 
-verl logs plugin import errors only at DEBUG level, so a failure here is logged as an error
-(with its traceback) before verl swallows it; otherwise the loops would silently be missing.
+verl logs plugin import errors only at DEBUG level, so a failing registration is logged as an
+error (with its traceback) and raised, rather than leaving the names silently missing.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
 import logging
+import sys
 
-REGISTERING_MODULES = (
-    "infmem_verl.rollout.agent_loop",
-    "infmem_verl.reward.manager",
-    "infmem_verl.rollout.trainer",
-    "infmem_verl.cpu.trainer",
-)
+# verl package -> our modules whose decorators register into that package's registry.
+REGISTRATIONS = {
+    "verl.experimental.agent_loop": ("infmem_verl.rollout.agent_loop",),
+    "verl.experimental.reward_loop": ("infmem_verl.reward.manager",),
+    "verl.trainer.ppo.v1": ("infmem_verl.rollout.trainer", "infmem_verl.cpu.trainer"),
+}
+REGISTERING_MODULES = tuple(m for modules in REGISTRATIONS.values() for m in modules)
 
 AGENT_LOOPS = ("infmem_agent", "memagent_agent")
 REWARD_MANAGERS = ("infmem",)
 TRAINER_MODES = ("infmem_sync", "infmem_cpu")
 
 
-def register() -> None:
-    """Import the modules whose decorators register our classes with verl (idempotent)."""
-    for name in REGISTERING_MODULES:
+def _initializing(name: str) -> bool:
+    module = sys.modules.get(name)
+    return module is not None and getattr(getattr(module, "__spec__", None), "_initializing", False)
+
+
+def _register(package: str) -> None:
+    # When one of our modules is mid-import (it imported the verl package itself, e.g. a direct
+    # `import infmem_verl.rollout.trainer`), the group waits for the next register() call:
+    # importing the rest now would meet the half-built module.
+    if any(_initializing(name) for name in REGISTRATIONS[package]):
+        return
+    for name in REGISTRATIONS[package]:
         try:
             importlib.import_module(name)
         except Exception:
@@ -39,6 +57,48 @@ def register() -> None:
                 "infmem plugin: importing %s failed; its verl registrations are missing", name
             )
             raise
+
+
+class _RegisterAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds a watched verl package with the other finders, and registers ours once it has executed."""
+
+    def find_spec(self, name, path, target=None):
+        if name not in REGISTRATIONS:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is None:
+            return spec
+        self._loaders = getattr(self, "_loaders", {})
+        self._loaders[name] = spec.loader
+        spec.loader = self
+        return spec
+
+    def create_module(self, spec):
+        return self._loaders[spec.name].create_module(spec)
+
+    def exec_module(self, module) -> None:
+        name = module.__spec__.name
+        loader = self._loaders.pop(name)
+        module.__spec__.loader = module.__loader__ = loader  # resources are read through verl's own loader
+        loader.exec_module(module)
+        _register(name)
+
+
+def register() -> None:
+    """Register now for the watched packages already imported, later for the others (idempotent;
+    the entry point calls it on import, :func:`infmem_verl.main.prepare_config` again)."""
+    if not any(isinstance(f, _RegisterAfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _RegisterAfterImport())
+    for package in REGISTRATIONS:
+        if package in sys.modules:
+            _register(package)
 
 
 register()
