@@ -121,6 +121,8 @@ class TrainSettings:
     optimizer_steps_per_rl_step: int = 16
     loss_normalization: Literal["token_mean", "trajectory"] = "token_mean"
     turn_protocol_penalty: float = 0.0
+    # A step stops (before any log-prob pass) when more of its trajectories failed in the rollout.
+    max_failed_trajectory_rate: float = 0.05
 
     def validate(self, path: str) -> "TrainSettings":
         if self.optimizer_steps_per_rl_step < 1:
@@ -129,6 +131,10 @@ class TrainSettings:
             )
         if self.turn_protocol_penalty < 0:
             raise ConfigError(f"{path}.turn_protocol_penalty: expected a number >= 0, got {self.turn_protocol_penalty!r}")
+        if not 0 <= self.max_failed_trajectory_rate <= 1:
+            raise ConfigError(
+                f"{path}.max_failed_trajectory_rate: expected a number in [0, 1], got {self.max_failed_trajectory_rate!r}"
+            )
         return self
 
 

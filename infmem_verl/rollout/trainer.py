@@ -63,6 +63,13 @@ def session_of(key: str) -> str:
     return key.rsplit("_", 1)[0]
 
 
+def failed_trajectories(keys: Sequence[str], tags: Sequence[dict], expected: int) -> int:
+    """Trajectories of a sampled batch that never arrived: ``expected`` (prompts x n) minus the
+    trajectories with at least one sequence (a failed session stores none; padding rows don't count)."""
+    present = {session_of(key) for key, tag in zip(keys, tags, strict=True) if not tag.get("is_padding", False)}
+    return max(0, expected - len(present))
+
+
 def trajectory_weights(keys: Sequence[str], response_mask: torch.Tensor) -> torch.Tensor:
     """Per-row scale that gives every trajectory the same total token weight.
 
@@ -164,6 +171,27 @@ class InfMemSyncTrainer(PPOTrainerSync):
         if self.use_critic:
             multiple = math.lcm(multiple, self.config.critic.ppo_mini_batch_size * n)
         return multiple
+
+    def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
+        # The first hook after sampling, before any log-prob pass: a step whose rollouts failed
+        # too often stops here instead of training GRPO groups that lost members.
+        self._count_failed_trajectories(batch, metrics)
+        return super()._balance_batch(batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
+
+    def _count_failed_trajectories(self, batch, metrics: dict) -> None:
+        n = int(self.config.actor_rollout_ref.rollout.n)
+        expected = int(self.config.data.train_batch_size) // self.parameter_sync_step * n
+        failed = failed_trajectories(batch.keys, batch.tags, expected)
+        rate = failed / expected
+        metrics[f"{PREFIX}/failed_trajectories"] = failed
+        metrics[f"{PREFIX}/failed_trajectory_rate"] = rate
+        limit = self.infmem_train.max_failed_trajectory_rate
+        if rate > limit:
+            raise RuntimeError(
+                f"step {self.global_steps}: {failed} of {expected} trajectories failed in the rollout ({rate:.1%}), more "
+                f"than infmem.train.max_failed_trajectory_rate={limit}; verl would train their GRPO groups with fewer "
+                "members. The agent-loop workers' log names each failure; raise the rate to tolerate transient ones."
+            )
 
     def _update_actor(self, batch, metrics: dict):
         # verl's update takes ppo_mini_batch_size * n rows per optimizer step; size it for this
@@ -270,14 +298,17 @@ class InfMemSyncTrainer(PPOTrainerSync):
             tensorboard.writer.flush()
 
     def fit(self, agent_loop_manager) -> None:
-        """verl's training loop; then (also when it fails) the loggers are flushed and the run
-        summary is drawn from the run's records."""
+        """verl's training loop; then (also when it fails) the loggers are finished with the run's
+        real outcome (W&B records a crashed run as failed: exit code 1) and the run summary is drawn
+        from the run's records."""
+        succeeded = False
         try:
             super().fit(agent_loop_manager)
+            succeeded = True
         finally:
             tracking = getattr(self, "logger", None)
             if tracking is not None:
-                tracking.finish()
+                tracking.finish(exit_code=0 if succeeded else 1)
             self._plot_summary()
 
     def _plot_summary(self) -> None:
