@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from infmem_verl.agent.config import ConfigError
 from infmem_verl.cpu.backend import apply_cpu_backend, select_backend
 from infmem_verl.cpu.bootstrap import bootstrap_inputs
+from infmem_verl.preflight import Preflight, preflight, resolve_paths
 from infmem_verl.reward.components import load_components
 from infmem_verl.rollout.settings import (
     agent_settings,
@@ -49,17 +50,28 @@ class PreparedRun:
     prompt_length: int
     response_length: int
     reward_components: dict[str, float]
-    checked_files: list[str]
+    preflight: Preflight
     missing_files: list[str]
+
+    @property
+    def checked_files(self) -> list[str]:
+        return [f.path for f in self.preflight.files]
 
 
 def prepare_config(config: DictConfig) -> PreparedRun:
-    """Validate our part of ``config`` and fill derived values (in place); ConfigError names the key."""
+    """Validate our part of ``config`` and fill derived values (in place); ConfigError names the key.
+
+    Registry names and our settings fail at the first bad one (later checks need them); then every
+    :mod:`~infmem_verl.preflight` check runs and all failures are reported together.
+    """
     from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
     from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
+    from verl.trainer.ppo.utils import need_reference_policy
     from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
 
-    import infmem_verl.plugin  # noqa: F401  (registrations, also done by `import verl`)
+    from infmem_verl.plugin import register
+
+    register()  # as `import verl` does in every process; here also after a direct import of our modules
 
     if not config.trainer.use_v1:
         raise ConfigError(
@@ -80,13 +92,15 @@ def prepare_config(config: DictConfig) -> PreparedRun:
     prompt_length, response_length = apply_rollout_lengths(config, cfg)
     train_settings(config)
     record_settings(config)
-    checked, missing = check_datasets(config)
+    resolve_paths(config)
+    report, missing = preflight(config, cfg, loop, required_columns(config), need_reference_policy(config))
+    report.raise_on_failure()
     return PreparedRun(
         agent_loop=loop,
         prompt_length=prompt_length,
         response_length=response_length,
         reward_components={c.name: c.weight for c in components},
-        checked_files=checked,
+        preflight=report,
         missing_files=missing,
     )
 
@@ -101,37 +115,6 @@ def required_columns(config: DictConfig) -> list[str]:
     return [config.data.prompt_key, "reward_model", document_settings(config).ref_key]
 
 
-def check_datasets(config: DictConfig) -> tuple[list[str], list[str]]:
-    """Check the columns of every existing train/val parquet file; returns (checked, missing files).
-
-    A file that lacks a column raises :class:`ConfigError` naming the file, the column and the
-    columns it has. A document stored inline (``context`` column) gets a pointer to the packer.
-    """
-    import pyarrow.parquet as pq
-
-    required = required_columns(config)
-    checked, missing = [], []
-    for key in ("data.train_files", "data.val_files"):
-        files = OmegaConf.select(config, key)
-        for file in [files] if isinstance(files, str) else list(files or []):
-            path = os.path.expanduser(file)
-            if not os.path.isfile(path):
-                missing.append(path)
-                continue
-            columns = pq.read_schema(path).names
-            absent = [c for c in required if c not in columns]
-            if absent:
-                hint = ""
-                if "context" in columns:
-                    hint = (
-                        "; documents must be passed by reference: build the file with `python -m data_prep.build` "
-                        "or `python -m infmem_verl.rollout.dataset`"
-                    )
-                raise ConfigError(f"{key}: {path} lacks column(s) {absent}; it has {columns}{hint}")
-            checked.append(path)
-    return checked, missing
-
-
 def run(config: DictConfig) -> PreparedRun:
     """Prepare, validate with verl, and train (or stop there with ``dry_run=true``)."""
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
@@ -143,12 +126,23 @@ def run(config: DictConfig) -> PreparedRun:
             print(f"[infmem] {line}", flush=True)
     prepared = prepare_config(config)
     if prepared.missing_files and not config.dry_run:
-        raise ConfigError(f"data.train_files / data.val_files: not found: {prepared.missing_files}")
-    backend = None if config.dry_run else select_backend(config)
+        raise ConfigError(
+            "data.train_files / data.val_files: not found: "
+            f"{prepared.missing_files}; build them as data_prep/README.md shows (python -m data_prep.build ...)"
+        )
+    backend = select_backend(config, dry_run=config.dry_run)
     auto_set_device(config)
     validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     if config.dry_run:
-        print(f"[infmem dry run] recipe={config.recipe_name} {prepared}")
+        print(prepared.preflight.table())
+        print(backend.message)
+        if prepared.missing_files:
+            print(f"[infmem dry run] not found (not checked): {prepared.missing_files}")
+        print(
+            f"[infmem dry run] recipe={config.recipe_name} agent_loop={prepared.agent_loop!r} "
+            f"prompt_length={prepared.prompt_length} response_length={prepared.response_length} "
+            f"reward={prepared.reward_components}"
+        )
         return prepared
     print(backend.message, flush=True)
     if backend.name == "cpu":
@@ -180,7 +174,11 @@ def train(config: DictConfig) -> None:
 
 @hydra.main(config_path="conf", config_name="infmem_trainer", version_base=None)
 def main(config: DictConfig) -> None:
-    run(config)
+    try:
+        run(config)
+    except ConfigError as err:
+        print(f"[infmem] {err}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -88,7 +88,7 @@ def test_token_count_exact_and_within_one_percent(tokenizer, samples_8k, target)
     samples = samples_8k[:3] if target == 8192 else [make_sample(i, target, tokenizer, seed=3) for i in range(2)]
     for sample in samples:
         actual = len(_ids(tokenizer, sample.context))
-        assert sample.meta["actual_tokens"] == actual, "the recorded count must be the real count"
+        assert sample.meta["num_tokens"] == actual, "the recorded count must be the real count"
         assert sample.meta["target_tokens"] == target
         assert abs(actual - target) <= 0.01 * target
 
@@ -118,7 +118,7 @@ def test_facts_present_at_recorded_offsets(tokenizer, samples_8k):
 
 def test_positions_vary_across_samples(samples_8k):
     relative = [
-        round(f["token_position"] / s.meta["actual_tokens"], 3) for s in samples_8k for f in s.meta["facts"]
+        round(f["token_position"] / s.meta["num_tokens"], 3) for s in samples_8k for f in s.meta["facts"]
     ]
     assert len(set(relative)) == len(relative)
     # Spread over the document, not clustered in one region.

@@ -17,6 +17,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from infmem_verl.agent.config import AgentConfig, ConfigError
 from infmem_verl.main import prepare_config, run
+from infmem_verl.rollout.documents import write_store
 from infmem_verl.rollout.settings import agent_settings
 
 RECIPES = sorted(p.stem for p in (Path(__file__).parents[1] / "infmem_verl" / "conf" / "recipe").glob("*.yaml"))
@@ -186,9 +187,10 @@ def _write_parquet(path: Path, columns: dict) -> str:
 
 def test_dataset_columns_are_checked_before_any_worker(tmp_path):
     prompt = [[{"role": "user", "content": "Who?"}]]
+    write_store(tmp_path / "s.parquet", [("1", "The text.")])
     good = _write_parquet(
         tmp_path / "good.parquet",
-        {"prompt": prompt, "reward_model": [{"ground_truth": ["x"]}], "document_ref": ["s.parquet#1"]},
+        {"prompt": prompt, "reward_model": [{"ground_truth": ["x"]}], "document_ref": [f"{tmp_path}/s.parquet#1"]},
     )
     inline = _write_parquet(
         tmp_path / "inline.parquet", {"prompt": prompt, "reward_model": [{"ground_truth": ["x"]}], "context": ["text"]}
@@ -205,7 +207,7 @@ def test_dataset_columns_are_checked_before_any_worker(tmp_path):
 
 
 def test_a_real_run_refuses_missing_data_files():
-    with pytest.raises(ConfigError, match=r"not found: \['data/hotpotqa_train_32k.parquet'"):
+    with pytest.raises(ConfigError, match=rf"not found: \['{os.getcwd()}/data/hotpotqa_train_32k.parquet'"):
         run(make_config("+recipe=infmem_4b"))
 
 

@@ -46,6 +46,40 @@ def visible_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+@dataclass(frozen=True)
+class GPUCount:
+    """GPUs a run can use, and where they were counted (said in the backend line)."""
+
+    gpus: int
+    where: str
+
+
+def ray_address(config: DictConfig) -> str | None:
+    """The Ray cluster verl's ``ray.init`` will join: ``ray_kwargs.ray_init.address``, else ``RAY_ADDRESS``."""
+    return OmegaConf.select(config, "ray_kwargs.ray_init.address", default=None) or os.environ.get("RAY_ADDRESS") or None
+
+
+def count_gpus(config: DictConfig) -> GPUCount:
+    """The GPUs of the Ray cluster the run will use when it joins one, else this machine's.
+
+    The launcher is often not where the GPUs are: a CPU-only head or login node, or a Ray job's
+    entrypoint (which Ray may start with CUDA_VISIBLE_DEVICES blanked). verl places its workers on
+    the cluster's GPU resources, so those are what count.
+    """
+    import ray
+
+    address = ray_address(config)
+    if ray.is_initialized():
+        return GPUCount(int(ray.cluster_resources().get("GPU", 0)), "the connected Ray cluster")
+    if address:
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        try:
+            return GPUCount(int(ray.cluster_resources().get("GPU", 0)), f"the Ray cluster at {address}")
+        finally:
+            ray.shutdown()  # disconnects this driver only; verl's run_ppo joins again with its runtime env
+    return GPUCount(visible_gpus(), "this machine (no Ray cluster address: RAY_ADDRESS / ray_kwargs.ray_init.address)")
+
+
 class BackendChoice(NamedTuple):
     """What :func:`choose_backend` decided."""
 
@@ -54,18 +88,21 @@ class BackendChoice(NamedTuple):
     gpus: int
 
 
-def choose_backend(config: DictConfig, key: str, gpus: int | None, no_gpu_message: Callable[[], str]) -> BackendChoice:
+def choose_backend(
+    config: DictConfig, key: str, gpus: int | None, no_gpu_message: Callable[[], str], dry_run: bool = False
+) -> BackendChoice:
     """The backend the ``auto`` / ``cpu`` / ``gpu`` setting at ``key`` picks on a machine with ``gpus``
     GPUs (None: the visible ones): ``auto`` takes the GPUs when there are any.
 
     ``gpu`` without a GPU is a :class:`ConfigError` ``"{key}: {no_gpu_message()}"`` (a callable:
-    the message may read keys only that failure needs).
+    the message may read keys only that failure needs), except in a dry run, which validates a
+    recipe on any machine (a login node has no GPU).
     """
     requested = OmegaConf.select(config, key, default="auto")
     if requested not in BACKENDS:
         raise ConfigError(f"{key}: expected one of {list(BACKENDS)}, got {requested!r}")
     gpus = visible_gpus() if gpus is None else gpus
-    if requested == "gpu" and gpus == 0:
+    if requested == "gpu" and gpus == 0 and not dry_run:
         raise ConfigError(f"{key}: {no_gpu_message()}")
     name = "gpu" if requested == "gpu" or (requested == "auto" and gpus > 0) else "cpu"
     return BackendChoice(requested, name, gpus)
@@ -77,31 +114,42 @@ def cpu_recipe_hint(config: DictConfig) -> str:
     return "python -m infmem_verl.main +recipe=smoke" + (" agent=memagent" if memagent else "")
 
 
-def select_backend(config: DictConfig, gpus: int | None = None) -> Backend:
-    """The backend for ``config`` on a machine with ``gpus`` GPUs (default: the visible ones).
+def select_backend(config: DictConfig, gpus: GPUCount | None = None, dry_run: bool = False) -> Backend:
+    """The backend for ``config`` with ``gpus`` (default: :func:`count_gpus`).
 
-    A recipe that needs GPUs (``infmem.backend=gpu``) on a machine without one is a
-    :class:`ConfigError` naming the recipe to run instead.
+    A recipe that needs GPUs (``infmem.backend=gpu``) where none are counted is a
+    :class:`ConfigError` naming the recipe to run instead (a dry run only says so); a GPU run
+    needs ``trainer.nnodes * trainer.n_gpus_per_node`` of them.
     """
+    count = count_gpus(config) if gpus is None else gpus
+    trainer = config.trainer
+    needed = int(trainer.n_gpus_per_node) * int(trainer.nnodes)
     choice = choose_backend(
         config,
         "infmem.backend",
-        gpus,
-        lambda: f"recipe {config.recipe_name!r} trains on GPUs "
-        f"({config.trainer.n_gpus_per_node * config.trainer.nnodes} x GPU, vLLM + FSDP) and this "
-        f"machine has none; on CPU run `{cpu_recipe_hint(config)}` instead",
+        count.gpus,
+        lambda: f"recipe {config.recipe_name!r} trains on GPUs ({needed} x GPU, vLLM + FSDP) and {count.where} "
+        f"has none; on CPU run `{cpu_recipe_hint(config)}` instead",
+        dry_run=dry_run,
     )
     if choice.name == "gpu":
+        if count.gpus == 0:  # a dry run without GPUs: nothing to count against
+            return Backend("gpu", 0, f"[infmem] backend: gpu - {needed} GPU(s) needed, not counted: {count.where} has none")
+        if count.gpus < needed:
+            raise ConfigError(
+                f"trainer.nnodes x trainer.n_gpus_per_node: the run needs {trainer.nnodes} x {trainer.n_gpus_per_node} "
+                f"= {needed} GPUs and {count.where} has {count.gpus}"
+            )
         return Backend(
             "gpu",
-            choice.gpus,
-            f"[infmem] backend: gpu - stock verl (vLLM rollout + FSDP update) on {choice.gpus} visible GPU(s), "
-            f"trainer mode {config.trainer.v1.trainer_mode}",
+            count.gpus,
+            f"[infmem] backend: gpu - stock verl (vLLM rollout + FSDP update) on {needed} of the {count.gpus} GPU(s) "
+            f"of {count.where}, trainer mode {config.trainer.v1.trainer_mode}",
         )
-    reason = "infmem.backend=cpu" if choice.requested == "cpu" else "no GPU visible"
+    reason = "infmem.backend=cpu" if choice.requested == "cpu" else f"no GPU in {count.where}"
     return Backend(
         "cpu",
-        choice.gpus,
+        count.gpus,
         f"[infmem] backend: cpu ({reason}) - verl's sync trainer, config, dataset, TransferQueue, agent and "
         f"reward loops, GRPO, policy loss and KL; generation by a transformers Ray actor, updates by a "
         f"single-process torch engine (trainer mode {CPU_TRAINER_MODE})",

@@ -302,7 +302,7 @@ def _assemble(
             "bridge": y,
             "facts": fact_meta,
             "target_tokens": target,
-            "actual_tokens": int(counts.sum()),
+            "num_tokens": int(counts.sum()),  # becomes the training file's extra_info.num_tokens
             "num_paragraphs": len(parts),
             "seed": seed,
             "index": index,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import socket
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -74,8 +75,11 @@ class DocumentStore:
 
     def __init__(self, path: str | os.PathLike, cache_size: int = 8):
         self.path = Path(path)
-        if not self.path.is_file():
-            raise FileNotFoundError(f"document store {str(self.path)!r} not found")
+        if not self.path.is_file() or not os.access(self.path, os.R_OK):
+            raise FileNotFoundError(
+                f"document store {str(self.path)!r} is not readable on {socket.gethostname()}; documents travel by "
+                "reference, so every node running agent-loop workers needs the store at this same path (shared storage)"
+            )
         self._file = pq.ParquetFile(self.path)
         names = self._file.schema_arrow.names
         if "doc_id" not in names or "text" not in names:

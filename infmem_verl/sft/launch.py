@@ -113,13 +113,15 @@ def optimizer_steps(config: DictConfig, samples: int) -> int:
 
 
 def select_backend(config: DictConfig, gpus: int | None = None) -> str:
-    """``cpu`` or ``gpu`` for ``sft.backend`` on a machine with ``gpus`` GPUs (default: visible)."""
+    """``cpu`` or ``gpu`` for ``sft.backend`` on a machine with ``gpus`` GPUs (default: visible); a
+    dry run validates a GPU recipe anywhere (a login node has no GPU)."""
     return choose_backend(
         config,
         "sft.backend",
         gpus,
         lambda: f"recipe {config.recipe_name} needs GPUs and none is visible; "
         "on this machine run `python -m infmem_verl.sft +recipe=sft_smoke`",
+        dry_run=bool(config.dry_run),
     ).name
 
 

