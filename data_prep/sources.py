@@ -31,7 +31,7 @@ A file that does not parse at all is an error either way.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -54,7 +54,12 @@ class SourceQuestion:
 
 @dataclass
 class SourceSet:
-    """A split read from one official file: its sorted paragraph pool and its questions."""
+    """A split read from one official file: its sorted paragraph pool and its questions.
+
+    ``extra`` paragraphs at the end of ``pool`` come from other files of the source
+    (:func:`with_extra_pool`): distractors only, after the split's own pool so that its indices
+    stay the reference's.
+    """
 
     source: str
     path: Path
@@ -62,6 +67,7 @@ class SourceSet:
     questions: list[SourceQuestion]
     skipped: int = 0  # unanswerable questions left out
     invalid: list[str] = field(default_factory=list)  # why each left-out invalid question was (skip_invalid)
+    extra: int = 0
 
 
 @dataclass
@@ -148,6 +154,30 @@ def load_pool(source: str, path: str | os.PathLike) -> list[str]:
     """The paragraph pool of a split, for index contexts and held-out paragraphs: every question's
     context counts, valid or not (as :func:`load_source` with ``skip_invalid`` builds it)."""
     return load_source(source, path, skip_invalid=True).pool
+
+
+def load_extra_pool(source: str, path: str | os.PathLike) -> list[str]:
+    """The paragraph pool of ``path`` for ``--extra-pool``, once it has been checked to be a file of
+    ``source``: it must parse, and most of its questions must pass the source's checks (a file of
+    another source fails them all). Errors name the option and the file."""
+    try:
+        data = load_source(source, path, skip_invalid=True)
+    except DataError as err:
+        raise DataError(f"--extra-pool {path}: expected an official {source} file: {err}") from None
+    if len(data.invalid) > len(data.questions):
+        raise DataError(
+            f"--extra-pool {path}: expected an official {source} file: {len(data.invalid)} of its "
+            f"{len(data.invalid) + len(data.questions)} questions fail the {source} checks, e.g. {data.invalid[0]}"
+        )
+    return data.pool
+
+
+def with_extra_pool(data: SourceSet, paragraphs: Sequence[str]) -> SourceSet:
+    """``data`` with ``paragraphs`` appended to its pool as distractors (those it holds already and
+    repeats are left out, sorted as the split's own pool is)."""
+    own = set(data.pool)
+    extra = sorted({p for p in paragraphs if p not in own})
+    return replace(data, pool=data.pool + extra, extra=data.extra + len(extra))
 
 
 # ------------------------------------------------------------------------------ field checks
