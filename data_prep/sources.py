@@ -157,19 +157,35 @@ def load_pool(source: str, path: str | os.PathLike) -> list[str]:
 
 
 def load_extra_pool(source: str, path: str | os.PathLike) -> list[str]:
-    """The paragraph pool of ``path`` for ``--extra-pool``, once it has been checked to be a file of
-    ``source``: it must parse, and most of its questions must pass the source's checks (a file of
-    another source fails them all). Errors name the option and the file."""
+    """The paragraphs of ``path``, any official file of ``source`` (a test split without answers
+    too), for ``--extra-pool``: only paragraphs are taken, so a record counts when its context
+    reads, whether or not its question passes the checks. A file that does not parse as
+    ``source``, or where most records have no readable context (a file of another source), is an
+    error naming the option and the file."""
+    if source not in _READERS:
+        raise ValueError(f"source: expected one of {', '.join(SOURCES)}, got {source!r}")
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--extra-pool {path}: file not found")
+    expected = f"--extra-pool {path}: expected an official {source} file"
+    paragraphs: dict[str, None] = {}
+    read, unread = 0, []
     try:
-        data = load_source(source, path, skip_invalid=True)
+        for item in _READERS[source](path):
+            if item is None:  # unanswerable: the reader keeps none of its paragraphs
+                continue
+            found = [*item.gold, *item.distractors] if isinstance(item, _Parsed) else item.paragraphs
+            if found:
+                read += 1
+                paragraphs.update(dict.fromkeys(found))
+            else:
+                unread.append(item.reason)
     except DataError as err:
-        raise DataError(f"--extra-pool {path}: expected an official {source} file: {err}") from None
-    if len(data.invalid) > len(data.questions):
-        raise DataError(
-            f"--extra-pool {path}: expected an official {source} file: {len(data.invalid)} of its "
-            f"{len(data.invalid) + len(data.questions)} questions fail the {source} checks, e.g. {data.invalid[0]}"
-        )
-    return data.pool
+        raise DataError(f"{expected}: {err}") from None
+    if len(unread) >= max(read, 1):
+        example = f", e.g. {unread[0]}" if unread else ""
+        raise DataError(f"{expected}: {len(unread)} of its {read + len(unread)} records have no readable {source} context{example}")
+    return list(paragraphs)
 
 
 def with_extra_pool(data: SourceSet, paragraphs: Sequence[str]) -> SourceSet:

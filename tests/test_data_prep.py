@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,11 +15,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from data_prep import io as dio
-from data_prep.build import BuildSpec, build, compose_samples, main as build_main
+from data_prep.build import BuildSpec, build, compose_samples, main as build_main, output_name, parse_args
 from data_prep.compose import PoolCounter, Target, parse_size, render_context
 from data_prep.io import DataError, JsonArrayWriter, ParquetRowWriter, iter_json_records
 from data_prep.published import PublishedWriter, published_record, read_published
-from data_prep.sources import load_pool, load_source
+from data_prep.sources import load_extra_pool, load_pool, load_source
 from data_prep.training import STORE_SCHEMA, read_training_set, store_path
 from infmem_verl.agent.document import tokenize_document
 from infmem_verl.assets import wiki_paragraphs
@@ -646,6 +647,9 @@ def test_extra_pool_must_be_a_file_of_the_same_source_checked_up_front(files, tm
     for path, error, message in cases:
         with pytest.raises(error, match=message):
             build(small_squad(files, out, limit=2, extra_pools=(path,)), tokenizer)
+    # Any file of the source: a test split (no answers, no supporting facts) gives its paragraphs.
+    unanswered = _mutated(files, tmp_path, "hotpotqa", lambda records: [(r.pop("answer"), r.pop("supporting_facts")) for r in records])
+    assert sorted(load_extra_pool("hotpotqa", unanswered)) == load_pool("hotpotqa", files["hotpotqa"])
     with pytest.raises(DataError, match=r"--extra-pool .*squad_dev\.json: expected an official musique file"):
         build(spec(files, out, source="musique", limit=2, extra_pools=(files["squad"],)), tokenizer)
     with pytest.raises(ValueError, match=r"--extra-pool .*squad_dev\.json: is also an --exclude-pool file"):
@@ -675,3 +679,37 @@ def test_cap_at_pool_takes_the_whole_usable_pool_and_records_the_real_size(files
     assert manifest["params"]["cap_at_pool"] is True and manifest["results"]["capped"] == 3 == capped.capped
     assert manifest["results"]["docs"] == {"min": 20, "mean": 20.0, "max": 20}
     assert manifest["results"]["tokens"]["max"] < 0.5 * 8192
+
+
+# ------------------------------------------------------------------ README commands and recipes
+
+REPO = Path(__file__).resolve().parents[1]
+GPU_RECIPES = ("infmem_4b", "memagent_4b", "infmem_1p7b", "memagent_1p7b", "infmem_qwen25_7b", "memagent_qwen25_7b")
+
+
+def readme_build_command(marker: str) -> list[str]:
+    """The arguments of the ``data_prep.build`` command that data_prep/README.md introduces with a
+    comment naming ``marker``."""
+    block = (REPO / "data_prep" / "README.md").read_text().split("```bash\n", 1)[1].split("```", 1)[0]
+    lines = block.replace("\\\n", " ").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("#") and marker in line)
+    command = next(line for line in lines[start:] if line.startswith("python -m data_prep.build "))
+    return shlex.split(command)[3:]
+
+
+def test_readme_commands_write_the_files_the_recipes_read():
+    from hydra import compose, initialize_config_module
+
+    written = {}
+    for key in ("train_files", "val_files"):
+        spec = parse_args(readme_build_command(f"(data.{key})"))
+        (target,) = spec.targets
+        assert spec.output_format == "parquet", key
+        written[key] = str(spec.out_dir / output_name(spec, target))
+    with initialize_config_module("infmem_verl.conf", version_base=None):
+        for recipe in GPU_RECIPES:
+            config = compose("infmem_trainer", overrides=[f"+recipe={recipe}"])
+            launch = (REPO / "infmem_verl" / "conf" / "recipe" / f"{recipe}.yaml").read_text().replace("\n", " ")
+            for key, path in written.items():
+                assert config.data[key] == path, (recipe, key, path)
+                assert f"data.{key}={path} " in launch, f"{recipe}.yaml: launch comment, data.{key}"
