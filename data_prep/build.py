@@ -6,6 +6,8 @@
         --tokens 32k,64k,128k,256k,512k,1m --limit 128 --exclude-pool hotpot_train_v1.1.json --out data/
     python -m data_prep.build --source hotpotqa --input hotpot_dev_distractor_v1.json --split dev \\
         --num-docs 50,100,200,400,800,1600,3200,6400,12800,25600 --limit 128 --no-exclude-pool --out data/
+    python -m data_prep.build --source squad --input dev-v2.0.json --split dev --tokens 512k,1m \\
+        --limit 128 --no-exclude-pool --extra-pool train-v2.0.json --out data/
 
 Every target (``--tokens`` and ``--num-docs`` values) is one output, written atomically with a
 manifest of its parameters; a re-run skips outputs finished with the same parameters. The
@@ -13,7 +15,10 @@ manifest of its parameters; a re-run skips outputs finished with the same parame
 published evaluation JSON (:mod:`data_prep.published`). Other splits must say how their
 distractors are held out: ``--exclude-pool`` removes every paragraph of the given files (the
 training split) from the distractor pool, ``--no-exclude-pool`` keeps the reference's shared pool.
-See ``data_prep/README.md``.
+A split too small for a target (SQuAD dev holds ~0.2-0.35M tokens) either draws more distractors
+from other files of the source (``--extra-pool``) or, as the reference did, takes its whole pool
+(``--cap-at-pool``; the real sizes are recorded). The parquet has an ``agent_name`` column only
+when ``--agent`` names a loop. See ``data_prep/README.md``.
 """
 
 from __future__ import annotations
@@ -35,10 +40,11 @@ from .closed_book import ClosedBookSettings, keep_unanswered, load_policy
 from .compose import PoolCounter, Target, compose, parse_size, render_context, sample_rng
 from .io import DataError, atomic_outputs, finished, manifest_path, write_manifest
 from .published import PublishedWriter
-from .sources import SOURCES, SourceQuestion, SourceSet, load_pool, load_source
+from .sources import SOURCES, SourceQuestion, SourceSet, load_extra_pool, load_pool, load_source, with_extra_pool
 from .training import AGENT_LOOPS, TrainingWriter, store_path
 
-FORMAT_VERSION = 1
+# 2: published meta records "capped"; the parquet has no agent_name column unless asked.
+FORMAT_VERSION = 2
 # The reference's task names of its RULER-style files (eval_qa_{k}_{length}.json).
 _TASKS = {"squad": "qa_1", "hotpotqa": "qa_2", "musique": "qa_3", "2wiki": "qa_4"}
 # Above these sizes the reference stores contexts as pool indices (different_docs_eval.py, qa.py).
@@ -74,8 +80,14 @@ class BuildSpec:
     offset: int = 0
     exclude_pools: tuple[Path, ...] = ()
     shared_pool: bool = False  # True: an evaluation split knowingly keeps the reference's pool
+    # Other files of the same source whose paragraphs serve only as distractors.
+    extra_pools: tuple[Path, ...] = ()
+    # A pool too small for a target gives the whole pool (the reference's behaviour), not an error.
+    cap_at_pool: bool = False
     index_context: Literal["auto", "always", "never"] = "auto"
-    agent_name: str = "infmem_agent"
+    # The loop named in every parquet row; None writes no agent_name column, so the trainer's
+    # configured agent runs (verl runs the loop a row names, whatever the configuration says).
+    agent_name: str | None = None
     # Off by default: verl copies every column into every stored sequence, and our trainer
     # rejects an inline document; turn on for tools that read the text from the row itself.
     inline_context: bool = False
@@ -112,8 +124,32 @@ class BuildSpec:
             raise ValueError("--no-exclude-pool: cannot be combined with --exclude-pool")
         if self.output_format == "parquet" and self.index_context == "always":
             raise ValueError("--index-context always: index contexts exist only in the published format")
-        if self.agent_name not in AGENT_LOOPS:
-            raise ValueError(f"--agent: expected one of {', '.join(AGENT_LOOPS)}, got {self.agent_name!r}")
+        if self.agent_name is not None:
+            if self.agent_name not in AGENT_LOOPS:
+                raise ValueError(f"--agent: expected one of {', '.join(AGENT_LOOPS)}, got {self.agent_name!r}")
+            if self.output_format != "parquet":
+                raise ValueError("--agent: only the training parquet has an agent_name column")
+        self._validate_extra_pools()
+
+    def _validate_extra_pools(self) -> None:
+        """``--extra-pool`` files: present, not the input, not held out, not behind index contexts."""
+        if not self.extra_pools:
+            return
+        held_out = {Path(p).resolve() for p in self.exclude_pools}
+        for path in self.extra_pools:
+            path = Path(path)
+            if not path.is_file():
+                raise FileNotFoundError(f"--extra-pool {path}: file not found")
+            if path.resolve() == Path(self.input).resolve():
+                raise ValueError(f"--extra-pool {path}: is the --input file itself; its paragraphs are in the pool already")
+            if path.resolve() in held_out:
+                raise ValueError(f"--extra-pool {path}: is also an --exclude-pool file, so all its paragraphs would be held out")
+        indexed = [t.label for t in self.targets if uses_indices(self, t)]
+        if indexed:
+            raise ValueError(
+                f"--extra-pool: the index contexts of {', '.join(indexed)} would point past the split's own pool, "
+                f"which the reference's loaders expand them with; add --index-context never"
+            )
 
 
 @dataclass
@@ -124,6 +160,7 @@ class JobResult:
     skipped: bool
     samples: int = 0
     tokens: dict[str, float] = field(default_factory=dict)
+    capped: int = 0  # samples short of the target because the pool ran out (--cap-at-pool)
 
 
 def output_name(spec: BuildSpec, target: Target) -> str:
@@ -171,7 +208,9 @@ def build(spec: BuildSpec, tokenizer=None, policy=None) -> list[JobResult]:
             pending.append((target, paths, params))
     if not pending:
         return [results[target] for target in targets]
-    data = load_source(spec.source, spec.input, skip_invalid=spec.skip_invalid)
+    # Extra pools are checked before the (larger) input is read: a wrong file fails in seconds.
+    extra = [p for path in spec.extra_pools for p in load_extra_pool(spec.source, path)]
+    data = with_extra_pool(load_source(spec.source, spec.input, skip_invalid=spec.skip_invalid), extra)
     if data.invalid:
         shown = "\n  ".join(data.invalid[:_INVALID_SHOWN])
         more = f"\n  ... and {len(data.invalid) - _INVALID_SHOWN} more" if len(data.invalid) > _INVALID_SHOWN else ""
@@ -179,14 +218,22 @@ def build(spec: BuildSpec, tokenizer=None, policy=None) -> list[JobResult]:
     questions, dropped = _select(spec, data.questions, tokenizer, policy)
     blocked = held_out_mask(data, spec.exclude_pools)
     counter = PoolCounter(data.pool, tokenizer)
-    counts = {"skipped_unanswerable": data.skipped, "skipped_invalid": len(data.invalid), "filtered": dropped}
+    counts = {
+        "skipped_unanswerable": data.skipped,
+        "skipped_invalid": len(data.invalid),
+        "filtered": dropped,
+        "pool": {"split": len(data.pool) - data.extra, "extra": data.extra},
+    }
     for target, paths, params in pending:
         started = time.perf_counter()
-        samples = compose_samples(data, questions, target, counter, blocked, spec.seed, spec.split)
+        samples = compose_samples(data, questions, target, counter, blocked, spec.seed, spec.split, spec.cap_at_pool)
         summary = _write(spec, target, paths, params, samples, counts)
-        results[target] = JobResult(paths[-2], skipped=False, samples=summary["samples"], tokens=summary["tokens"])
+        results[target] = JobResult(
+            paths[-2], skipped=False, samples=summary["samples"], tokens=summary["tokens"], capped=summary["capped"]
+        )
+        capped = f"; {summary['capped']} capped at the pool, short of {target.label}" if summary["capped"] else ""
         print(
-            f"wrote {summary['samples']} samples to {paths[-2]} (tokens {summary['tokens']}) "
+            f"wrote {summary['samples']} samples to {paths[-2]} (tokens {summary['tokens']}{capped}) "
             f"in {time.perf_counter() - started:.1f}s",
             file=sys.stderr,
         )
@@ -201,11 +248,15 @@ def compose_samples(
     blocked: np.ndarray | None,
     seed: int,
     split: str,
+    cap_at_pool: bool = False,
 ) -> Iterator[QASample]:
-    """The composed samples of ``questions``, one at a time (a 1M-token set is never held whole)."""
+    """The composed samples of ``questions``, one at a time (a 1M-token set is never held whole).
+
+    ``meta["num_tokens"]`` / ``["num_docs"]`` are the real sizes, ``["capped"]`` says whether the
+    pool ran out first (``cap_at_pool``)."""
     for question in questions:
         rng = sample_rng(seed, data.source, split, question.id, target)
-        composition = compose(question, counter, target, rng, blocked)
+        composition = compose(question, counter, target, rng, blocked, cap_at_pool)
         yield QASample(
             id=question.id,
             question=question.question,
@@ -218,6 +269,7 @@ def compose_samples(
                 "target": target.label,
                 "num_tokens": composition.num_tokens,
                 "num_docs": len(composition.docs),
+                "capped": composition.capped,
                 "gold_positions": list(composition.gold_positions),
                 "gold_token_starts": list(composition.gold_token_starts),
                 "seed": seed,
@@ -281,6 +333,8 @@ def _params(spec: BuildSpec, target: Target, tokenizer) -> dict[str, Any]:
         "limit": spec.limit,
         "offset": spec.offset,
         "exclude_pools": [_file_identity(p) for p in spec.exclude_pools],
+        "extra_pools": [_file_identity(p) for p in spec.extra_pools],
+        "cap_at_pool": spec.cap_at_pool,
         "tokenizer": {"name": str(getattr(tokenizer, "name_or_path", "")), "vocab": len(tokenizer)},
         "closed_book": None if spec.closed_book is None else asdict(spec.closed_book),
         "skip_invalid": spec.skip_invalid,
@@ -310,30 +364,36 @@ def _write(
 ) -> dict[str, Any]:
     """Stream ``samples`` into temporary files, then commit them with their manifest."""
     main, manifest = paths[-2], paths[-1]
-    stats = _TokenStats()
+    stats = _SizeStats()
     with atomic_outputs(paths) as temp:
         if spec.output_format == "parquet":
             writer = TrainingWriter(temp[main], temp[paths[0]], paths[0], spec.agent_name, spec.inline_context)
             with contextlib.closing(writer):
                 for sample in samples:
                     writer.write(sample)
-                    stats.add(sample.meta["num_tokens"])
+                    stats.add(sample.meta)
         else:
             with temp[main].open("w", encoding="utf-8") as handle:
                 writer = PublishedWriter(handle, indices=uses_indices(spec, target))
                 for sample in samples:
                     writer.write(sample)
-                    stats.add(sample.meta["num_tokens"])
+                    stats.add(sample.meta)
                 writer.close()
         if stats.count == 0:
             raise DataError(f"{spec.input}: no questions left to write (check --offset, --limit and the filter)")
-        summary = {"samples": stats.count, "tokens": stats.summary()} | counts
+        # The real sizes beside the label: a capped output's name states its target, not its length.
+        summary = {
+            "samples": stats.count,
+            "tokens": stats.tokens.summary(),
+            "docs": stats.docs.summary(),
+            "capped": stats.capped,
+        } | counts
         write_manifest(temp[manifest], params, summary)
     return summary
 
 
-class _TokenStats:
-    """Running count, min, mean and max of the samples' token counts."""
+class _Running:
+    """Running count, min, mean and max of one number per sample."""
 
     def __init__(self) -> None:
         self.count = 0
@@ -341,14 +401,32 @@ class _TokenStats:
         self.low: int | None = None
         self.high: int | None = None
 
-    def add(self, tokens: int) -> None:
+    def add(self, value: int) -> None:
         self.count += 1
-        self.total += tokens
-        self.low = tokens if self.low is None else min(self.low, tokens)
-        self.high = tokens if self.high is None else max(self.high, tokens)
+        self.total += value
+        self.low = value if self.low is None else min(self.low, value)
+        self.high = value if self.high is None else max(self.high, value)
 
     def summary(self) -> dict[str, float]:
         return {"min": self.low, "mean": round(self.total / max(self.count, 1), 1), "max": self.high}
+
+
+class _SizeStats:
+    """The samples' real sizes (token and document counts) and how many were capped."""
+
+    def __init__(self) -> None:
+        self.tokens = _Running()
+        self.docs = _Running()
+        self.capped = 0
+
+    @property
+    def count(self) -> int:
+        return self.tokens.count
+
+    def add(self, meta: dict[str, Any]) -> None:
+        self.tokens.add(meta["num_tokens"])
+        self.docs.add(meta["num_docs"])
+        self.capped += bool(meta["capped"])
 
 
 # ------------------------------------------------------------------------------ command line
@@ -385,8 +463,16 @@ def parse_args(argv: Sequence[str] | None = None) -> BuildSpec:
     parser.add_argument("--offset", type=int, default=0, help="skip the first N questions of the split")
     parser.add_argument("--exclude-pool", action="append", type=Path, default=[], help="hold out these files' paragraphs")
     parser.add_argument("--no-exclude-pool", action="store_true", help="evaluation split: share the reference's pool")
+    parser.add_argument(
+        "--extra-pool", action="append", type=Path, default=[], help="another file of the source: more distractors"
+    )
+    parser.add_argument(
+        "--cap-at-pool", action="store_true", help="a pool too small for a target gives its whole pool (the reference)"
+    )
     parser.add_argument("--index-context", choices=("auto", "always", "never"), default="auto")
-    parser.add_argument("--agent", choices=AGENT_LOOPS, default="infmem_agent", help="agent_name column")
+    parser.add_argument(
+        "--agent", choices=AGENT_LOOPS, default=None, help="parquet: an agent_name column naming this loop (default: none)"
+    )
     parser.add_argument(
         "--inline-context", action="store_true", help="parquet: also a context column (not for our trainer)"
     )
@@ -421,6 +507,8 @@ def parse_args(argv: Sequence[str] | None = None) -> BuildSpec:
         offset=args.offset,
         exclude_pools=tuple(args.exclude_pool),
         shared_pool=args.no_exclude_pool,
+        extra_pools=tuple(args.extra_pool),
+        cap_at_pool=args.cap_at_pool,
         index_context=args.index_context,
         agent_name=args.agent,
         inline_context=args.inline_context,

@@ -1,6 +1,10 @@
 """Compose one long context per question: its gold paragraphs, its own distractors, then
 paragraphs drawn from the split's pool, to a token count or a document count.
 
+A pool too small for the target is an error, unless the caller asks for the reference's
+behaviour (``cap_at_pool``): the whole usable pool, the composition marked ``capped`` and its
+real size recorded.
+
 Rendering follows the MemAgent / InfMem files exactly: ``"Document {i}:\\n{paragraph}"`` blocks
 joined by blank lines, numbered from 1. What differs is the order. The reference shuffled every
 sample with ``random.Random(4)`` after placing the question's own paragraphs first, so they landed
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator, Literal, Sequence
 
 import numpy as np
@@ -74,6 +78,13 @@ class Target:
             if self.value % unit == 0:
                 return f"{self.value // unit}{suffix}"
         return str(self.value)
+
+    @classmethod
+    def from_label(cls, label: str) -> "Target":
+        """The target a :attr:`label` names (``"200docs"``, ``"32k"``, ``"12345"``)."""
+        if label.endswith("docs") and label[: -len("docs")].isdigit():
+            return cls("docs", int(label[: -len("docs")]))
+        return cls("tokens", parse_size(label, "target label"))
 
 
 def parse_size(text: str, name: str) -> int:
@@ -136,12 +147,14 @@ class Composition:
 
     ``gold_positions[j]`` is the 1-based document number of the question's ``gold[j]`` and
     ``gold_token_starts[j]`` the token offset where that document (its header) starts.
+    ``capped``: the pool ran out before the target was reached (only with ``cap_at_pool``).
     """
 
     docs: tuple[int, ...]
     gold_positions: tuple[int, ...]
     gold_token_starts: tuple[int, ...]
     num_tokens: int
+    capped: bool = False
 
 
 def sample_rng(seed: int, source: str, split: str, question_id: str, target: Target) -> random.Random:
@@ -158,13 +171,16 @@ def compose(
     target: Target,
     rng: random.Random,
     blocked: np.ndarray | None = None,
+    cap_at_pool: bool = False,
 ) -> Composition:
     """Choose and order the documents of ``question``'s context.
 
     Gold paragraphs always go in; then the question's own distractors in random order, then
     random pool paragraphs, except blocked ones (held out) and the question's own, while they fit.
     ``blocked`` is a boolean mask over the pool. Raises :class:`DataError` naming the question
-    and the option when the target cannot hold the gold paragraphs or the pool cannot fill it.
+    and the option when the target cannot hold the gold paragraphs, or when the pool cannot fill
+    it and ``cap_at_pool`` is off; with it on, such a context takes every usable paragraph and
+    comes back ``capped``.
     """
     own = set(question.gold) | set(question.distractors)
     chooser = _TokenChooser(counter, target.value) if target.kind == "tokens" else _DocChooser(target.value)
@@ -186,16 +202,18 @@ def compose(
     usable[list(own)] = False
     if not chooser.full():
         chooser.fill(d for d in _random_order(rng, len(counter.pool)) if usable[d])
-    if not chooser.full():
+    capped = not chooser.full()
+    if capped and not cap_at_pool:
         raise DataError(
             f"{where}: the pool cannot fill {target.option} {target.value}: of its {len(counter.pool)} paragraphs "
             f"{int(usable.sum())} are usable as distractors (not held out, not its own), and the context reached "
-            f"{chooser.describe(None)}"
+            f"{chooser.describe(None)} (--extra-pool adds distractors from another file of the source; "
+            f"--cap-at-pool takes the whole pool, as the reference did)"
         )
     docs = chooser.chosen
     rng.shuffle(docs)
     docs = _fit_last_block(docs, counter, target, set(question.gold))
-    return _measure(docs, counter, question.gold)
+    return replace(_measure(docs, counter, question.gold), capped=capped)
 
 
 def _random_order(rng: random.Random, size: int) -> Iterator[int]:

@@ -31,7 +31,7 @@ A file that does not parse at all is an error either way.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -54,7 +54,12 @@ class SourceQuestion:
 
 @dataclass
 class SourceSet:
-    """A split read from one official file: its sorted paragraph pool and its questions."""
+    """A split read from one official file: its sorted paragraph pool and its questions.
+
+    ``extra`` paragraphs at the end of ``pool`` come from other files of the source
+    (:func:`with_extra_pool`): distractors only, after the split's own pool so that its indices
+    stay the reference's.
+    """
 
     source: str
     path: Path
@@ -62,6 +67,7 @@ class SourceSet:
     questions: list[SourceQuestion]
     skipped: int = 0  # unanswerable questions left out
     invalid: list[str] = field(default_factory=list)  # why each left-out invalid question was (skip_invalid)
+    extra: int = 0
 
 
 @dataclass
@@ -148,6 +154,46 @@ def load_pool(source: str, path: str | os.PathLike) -> list[str]:
     """The paragraph pool of a split, for index contexts and held-out paragraphs: every question's
     context counts, valid or not (as :func:`load_source` with ``skip_invalid`` builds it)."""
     return load_source(source, path, skip_invalid=True).pool
+
+
+def load_extra_pool(source: str, path: str | os.PathLike) -> list[str]:
+    """The paragraphs of ``path``, any official file of ``source`` (a test split without answers
+    too), for ``--extra-pool``: only paragraphs are taken, so a record counts when its context
+    reads, whether or not its question passes the checks. A file that does not parse as
+    ``source``, or where most records have no readable context (a file of another source), is an
+    error naming the option and the file."""
+    if source not in _READERS:
+        raise ValueError(f"source: expected one of {', '.join(SOURCES)}, got {source!r}")
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--extra-pool {path}: file not found")
+    expected = f"--extra-pool {path}: expected an official {source} file"
+    paragraphs: dict[str, None] = {}
+    read, unread = 0, []
+    try:
+        for item in _READERS[source](path):
+            if item is None:  # unanswerable: the reader keeps none of its paragraphs
+                continue
+            found = [*item.gold, *item.distractors] if isinstance(item, _Parsed) else item.paragraphs
+            if found:
+                read += 1
+                paragraphs.update(dict.fromkeys(found))
+            else:
+                unread.append(item.reason)
+    except DataError as err:
+        raise DataError(f"{expected}: {err}") from None
+    if len(unread) >= max(read, 1):
+        example = f", e.g. {unread[0]}" if unread else ""
+        raise DataError(f"{expected}: {len(unread)} of its {read + len(unread)} records have no readable {source} context{example}")
+    return list(paragraphs)
+
+
+def with_extra_pool(data: SourceSet, paragraphs: Sequence[str]) -> SourceSet:
+    """``data`` with ``paragraphs`` appended to its pool as distractors (those it holds already and
+    repeats are left out, sorted as the split's own pool is)."""
+    own = set(data.pool)
+    extra = sorted({p for p in paragraphs if p not in own})
+    return replace(data, pool=data.pool + extra, extra=data.extra + len(extra))
 
 
 # ------------------------------------------------------------------------------ field checks

@@ -3,6 +3,7 @@
     python -m data_prep.stats data/eval_qa_2_32768.json
     python -m data_prep.stats data/hotpotqa_train_32k.parquet --out reports/train32k
     python -m data_prep.stats eval_25600.json --source hotpotqa --pool hotpot_dev_distractor_v1.json
+    python -m data_prep.stats eval_qa_1_*.json     # several files: one more table, label vs real size
 
 Reads a training parquet (:mod:`data_prep.training`, without loading its documents) or a
 published JSON file (ours or the reference's), and writes ``<out>.png`` (three histograms) and
@@ -10,6 +11,11 @@ published JSON file (ours or the reference's), and writes ``<out>.png`` (three h
 from our files' metadata; for other files the contexts are tokenized (``--tokenizer``, Qwen3 by
 default). Gold positions are known only for our files. "Distinct gold document numbers" exposes
 the reference's leak: its fixed shuffle put every gold document of a file in the same ten slots.
+
+Every report sets the real size against the file's label (the target recorded in our files, or
+what the reference's name says: ``eval_qa_{k}_{L}.json`` L tokens, ``eval_{N}.json`` N
+documents): a generator that ran out of pool, as the reference's SQuAD one did silently, writes
+files whose names promise more than they hold.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import pyarrow.parquet as pq
 
 from infmem_verl.reward.metrics import normalize_answer
 
+from .compose import Target
 from .io import DataError
 from .published import read_published
 from .sources import SOURCES, load_pool
@@ -39,6 +46,10 @@ _NUMBER = re.compile(r"^[$€£]?\s*[\d][\d,.\s]*(%|[a-z]+)?$", re.IGNORECASE)
 _NAME_JOINERS = frozenset({"of", "the", "and", "de", "da", "di", "von", "van", "der", "la", "le", "du", "del", "y", "&"})
 _QUANTILES = (10, 50, 90)
 _FIFTHS = 5
+# A sample below this share of its label is "short of the label" (our builds stay within 0.5%).
+_SHORT = 0.99
+# The reference's file names and the size they state.
+_LABELLED_NAMES = ((re.compile(r"(?:^|_)qa_\d+_(\d+)\.json$"), "tokens"), (re.compile(r"^eval_(\d+)\.json$"), "docs"))
 
 
 def answer_type(answer: str) -> str:
@@ -66,6 +77,7 @@ class SetStats:
     gold_numbers: Counter = field(default_factory=Counter)  # document number -> gold documents there
     answer_types: Counter = field(default_factory=Counter)
     with_gold: int = 0
+    label: Target | None = None  # the size the file is labelled with (None: not known)
 
     def add(self, tokens: int, docs: int | None, answers: Sequence[str], meta: dict[str, Any]) -> None:
         self.tokens.append(int(tokens))
@@ -78,6 +90,28 @@ class SetStats:
             self.gold_relative.extend(s / tokens for s in starts)
             self.gold_numbers.update(meta.get("gold_positions") or ())
 
+    def real_sizes(self) -> np.ndarray | None:
+        """Each sample's real size in the unit of its label (tokens or documents), or None."""
+        if self.label is None or (self.label.kind == "docs" and len(self.docs) != len(self.tokens)):
+            return None
+        return np.asarray(self.tokens if self.label.kind == "tokens" else self.docs)
+
+
+def label_of(path: Path, meta: dict[str, Any]) -> Target | None:
+    """The size a file is labelled with: the target our builds record, else the one the
+    reference's file name states, else None."""
+    recorded = meta.get("target")
+    if isinstance(recorded, str) and recorded:
+        try:
+            return Target.from_label(recorded)
+        except ValueError:
+            pass
+    for pattern, kind in _LABELLED_NAMES:
+        match = pattern.search(path.name)
+        if match and int(match.group(1)) > 0:
+            return Target(kind, int(match.group(1)))
+    return None
+
 
 def collect(path: str | os.PathLike, tokenizer=None, pool: Sequence[str] | None = None) -> SetStats:
     """Statistics of the file at ``path`` (``.parquet``: training set; otherwise published JSON)."""
@@ -85,6 +119,8 @@ def collect(path: str | os.PathLike, tokenizer=None, pool: Sequence[str] | None 
     stats = SetStats()
     rows = _parquet_rows(path) if path.suffix == ".parquet" else _published_rows(path, tokenizer, pool)
     for tokens, docs, answers, meta in rows:
+        if not stats.tokens:
+            stats.label = label_of(path, meta)
         stats.add(tokens, docs, answers, meta)
     if not stats.tokens:
         raise DataError(f"{path}: no samples")
@@ -125,6 +161,7 @@ def table(stats: SetStats) -> str:
     rows = [
         ("samples", str(tokens.size)),
         ("tokens min / median / mean / max", _four(tokens)),
+        *_label_rows(stats),
     ]
     if stats.docs:
         docs = np.asarray(stats.docs)
@@ -147,6 +184,46 @@ def table(stats: SetStats) -> str:
     rows.append(("answer types", types))
     lines = ["| statistic | value |", "|---|---|", *(f"| {name} | {value} |" for name, value in rows)]
     return "\n".join(lines) + "\n"
+
+
+def _label_rows(stats: SetStats) -> list[tuple[str, str]]:
+    """The label and the real sizes against it."""
+    if stats.label is None:
+        return [("label", "none (not recorded, and not a reference file name)")]
+    unit = "tokens" if stats.label.kind == "tokens" else "documents"
+    rows = [("label", f"{stats.label.label} ({stats.label.value} {unit})")]
+    real = stats.real_sizes()
+    if real is None:
+        return rows + [("real / label", "document counts not recorded")]
+    share = real / stats.label.value
+    short = int((share < _SHORT).sum())
+    return rows + [
+        (f"real {unit} / label min / median / max", " / ".join(f"{100 * q:.1f}%" for q in _three(share))),
+        (f"samples short of the label (< {100 * _SHORT:.0f}%)", f"{short} of {real.size}"),
+    ]
+
+
+def summary_table(reports: Sequence[tuple[str, SetStats]]) -> str:
+    """One row per file: its label, its real token counts and their share of the label."""
+    lines = [
+        "| file | label | samples | real tokens min / median / max | real / label (median) | short of the label |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, stats in reports:
+        tokens = np.asarray(stats.tokens)
+        real = stats.real_sizes()
+        label = "none" if stats.label is None else stats.label.label
+        share = short = "-"
+        if real is not None:
+            share = f"{100 * np.median(real) / stats.label.value:.1f}%"
+            short = str(int((real < _SHORT * stats.label.value).sum()))
+        counts = " / ".join(f"{v:.0f}" for v in _three(tokens))
+        lines.append(f"| {name} | {label} | {tokens.size} | {counts} | {share} | {short} |")
+    return "\n".join(lines) + "\n"
+
+
+def _three(values: np.ndarray) -> tuple[float, float, float]:
+    return values.min(), np.median(values), values.max()
 
 
 def _four(values: np.ndarray) -> str:
@@ -179,14 +256,16 @@ def plot(stats: SetStats, path: str | os.PathLike, title: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> str:
     parser = argparse.ArgumentParser(prog="python -m data_prep.stats", description=__doc__.split("\n\n")[0])
-    parser.add_argument("file", type=Path, help="a training parquet or a published JSON file")
-    parser.add_argument("--out", type=Path, default=None, help="output prefix (default: <file>.stats)")
+    parser.add_argument("files", type=Path, nargs="+", help="training parquets or published JSON files")
+    parser.add_argument("--out", type=Path, default=None, help="output prefix of one file (default: <file>.stats)")
     parser.add_argument("--tokenizer", default=None, help="tokenizer folder for files without token counts")
     parser.add_argument("--source", choices=SOURCES, default=None, help="source of --pool")
     parser.add_argument("--pool", type=Path, default=None, help="official split file, to expand index contexts")
     args = parser.parse_args(argv)
     if (args.source is None) != (args.pool is None):
         parser.error("--source and --pool: give both (the pool's official file and its source) or neither")
+    if args.out is not None and len(args.files) > 1:
+        parser.error("--out: a prefix for one file; several files each get <file>.stats")
     try:
         pool = load_pool(args.source, args.pool) if args.pool is not None else None
         tokenizer = None
@@ -194,16 +273,22 @@ def main(argv: Sequence[str] | None = None) -> str:
             from infmem_verl.assets import load_tokenizer
 
             tokenizer = load_tokenizer(args.tokenizer)
-        stats = collect(args.file, tokenizer, pool)
+        collected = [(path.name, collect(path, tokenizer, pool)) for path in args.files]
     except (DataError, ValueError, FileNotFoundError) as err:
         parser.exit(2, f"error: {err}\n")
-    prefix = args.out or args.file.with_name(args.file.name + ".stats")
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-    report = table(stats)
-    Path(f"{prefix}.md").write_text(f"# {args.file.name}\n\n{report}", encoding="utf-8")
-    plot(stats, f"{prefix}.png", args.file.name)
-    print(report, end="")
-    return report
+    printed = []
+    for path, (name, stats) in zip(args.files, collected):
+        prefix = args.out or path.with_name(name + ".stats")
+        prefix.parent.mkdir(parents=True, exist_ok=True)
+        report = table(stats)
+        Path(f"{prefix}.md").write_text(f"# {name}\n\n{report}", encoding="utf-8")
+        plot(stats, f"{prefix}.png", name)
+        printed.append(report if len(args.files) == 1 else f"## {name}\n\n{report}")
+    if len(args.files) > 1:
+        printed.append(f"## label against real size\n\n{summary_table(collected)}")
+    text = "\n".join(printed)
+    print(text, end="")
+    return text
 
 
 if __name__ == "__main__":

@@ -11,8 +11,9 @@ Columns (what verl's ``RLHFDataset`` and our agent loops and reward manager read
 * ``extra_info``: ``index``, ``id``, ``source``, ``split``, ``question``, ``num_tokens``,
   ``num_docs``, ``gold_positions`` (1-based document numbers), ``gold_token_starts``, ``seed``,
   ``target``;
-* ``agent_name``: the agent loop (``infmem_agent`` or ``memagent_agent``); without the column
-  the trainer's configured agent runs (``agent=memagent`` switches a whole run).
+* ``agent_name``: only when the writer is given a loop (``infmem_agent`` or ``memagent_agent``).
+  verl runs the loop a row names whatever the configuration says, so by default there is no
+  such column and the trainer's configured agent runs (``agent=memagent`` switches a whole run).
 
 The store (``<name>_docs.parquet``, columns ``doc_id`` and ``text`` in row groups of
 :data:`~infmem_verl.rollout.documents.ROW_GROUP_SIZE`) holds each document once, keyed by the

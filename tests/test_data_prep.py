@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -13,11 +15,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from data_prep import io as dio
-from data_prep.build import BuildSpec, build, compose_samples, main as build_main
+from data_prep.build import BuildSpec, build, compose_samples, main as build_main, output_name, parse_args
 from data_prep.compose import PoolCounter, Target, parse_size, render_context
 from data_prep.io import DataError, JsonArrayWriter, ParquetRowWriter, iter_json_records
 from data_prep.published import PublishedWriter, published_record, read_published
-from data_prep.sources import load_pool, load_source
+from data_prep.sources import load_extra_pool, load_pool, load_source
 from data_prep.training import STORE_SCHEMA, read_training_set, store_path
 from infmem_verl.agent.document import tokenize_document
 from infmem_verl.assets import wiki_paragraphs
@@ -570,7 +572,8 @@ def test_training_parquet_columns_store_and_round_trip(files, tmp_path, tokenize
     samples = list(read_training_set(result.path))
     assert [s.id for s in samples] == [q.id for q in data.questions[:3]]
     (lean,) = build(spec(files, tmp_path / "lean", source="musique", split="train", limit=3), tokenizer)
-    assert "context" not in pq.read_schema(lean.path).names
+    # No agent_name unless asked: verl runs the loop a row names, whatever the recipe configures.
+    assert pq.read_schema(lean.path).names == ["data_source", "prompt", "document_ref", "reward_model", "extra_info"]
     assert [s.context for s in read_training_set(lean.path)] == [s.context for s in samples]
 
 
@@ -587,3 +590,126 @@ def test_command_line_builds_and_rejects_bad_options(files, tmp_path, capsys):
         build_main(["--source", "squad", "--input", "x", "--split", "dev", "--tokens", "lots", "--out", str(out)])
     assert "--tokens: expected a positive integer with an optional k or m suffix, got 'lots'" in capsys.readouterr().err
     assert parse_size("1m", "--tokens") == 1 << 20 and Target("tokens", 1 << 20).label == "1m"
+    assert [Target.from_label(t.label) for t in (Target("tokens", 1 << 20), Target("tokens", 5000), Target("docs", 200))] == [
+        Target("tokens", 1 << 20), Target("tokens", 5000), Target("docs", 200),
+    ]  # fmt: skip
+    with pytest.raises(SystemExit):
+        build_main(argv + ["--out", str(out), "--no-exclude-pool", "--agent", "memagent_agent"])
+    assert "--agent: only the training parquet has an agent_name column" in capsys.readouterr().err
+    train = ["--source", "musique", "--input", str(files["musique"]), "--split", "train", "--tokens", "8k", "--limit", "2"]
+    (named,) = build_main(train + ["--out", str(tmp_path / "named"), "--agent", "memagent_agent"])
+    assert pq.read_table(named.path, columns=["agent_name"]).column(0).to_pylist() == ["memagent_agent"] * 2
+    (plain,) = build_main(train + ["--out", str(tmp_path / "plain")])
+    assert "agent_name" not in pq.read_schema(plain.path).names
+
+
+# ------------------------------------------------------------- pools too small: extra or capped
+
+
+def small_squad(files, out: Path, **kw) -> BuildSpec:
+    """A SQuAD build over the 20-paragraph file: too small for 8k tokens."""
+    return replace(spec(files, out, source="squad", **kw), input=files["squad1"])
+
+
+def test_a_pool_too_small_fails_naming_both_remedies(files, tmp_path, tokenizer):
+    small = load_source("squad", files["squad1"])  # 4 articles: 20 paragraphs, ~3K tokens
+    with pytest.raises(DataError, match=r"the pool cannot fill --tokens 8192: of its 20 paragraphs 15 are usable.*--extra-pool.*--cap-at-pool"):
+        build(small_squad(files, tmp_path, limit=2), tokenizer)
+    assert not list(tmp_path.iterdir())
+    assert len(small.pool) == 20
+
+
+def test_extra_pool_fills_the_target_with_its_paragraphs_as_distractors_only(files, tmp_path, tokenizer):
+    own, extra = load_source("squad", files["squad1"]), load_source("squad", files["squad"])
+    (result,) = build(small_squad(files, tmp_path, limit=4, extra_pools=(files["squad"],)), tokenizer)
+    samples = list(read_published(result.path))
+    pool = own.pool + sorted(extra.pool)  # the split's own indices first, unchanged
+    for sample, question in zip(samples, own.questions):
+        assert 0.99 * 8192 <= sample.meta["num_tokens"] == tokenize_document(sample.context, tokenizer).size <= 8192
+        assert sample.context == render_context(pool, sample.meta["docs"]) and not sample.meta["capped"]
+        assert [sample.meta["docs"][p - 1] for p in sample.meta["gold_positions"]] == list(question.gold)
+        assert sum(d >= len(own.pool) for d in sample.meta["docs"]) > 20  # most distractors come from the extra file
+    manifest = json.loads(dio.manifest_path(result.path).read_text())
+    assert manifest["results"]["pool"] == {"split": 20, "extra": len(extra.pool)} and manifest["results"]["capped"] == 0
+    assert manifest["params"]["extra_pools"] == [{"path": str(files["squad"].resolve()), "bytes": files["squad"].stat().st_size}]
+    # Only distractors: questions still come from the input alone.
+    assert [s.id for s in samples] == [q.id for q in own.questions[:4]]
+
+
+def test_extra_pool_must_be_a_file_of_the_same_source_checked_up_front(files, tmp_path, tokenizer):
+    out = tmp_path / "out"
+    cases = [
+        (files["musique"], DataError, r"--extra-pool .*musique_dev\.jsonl: expected an official squad file"),
+        (files["hotpotqa"], DataError, r"--extra-pool .*hotpot_dev\.json: expected an official squad file"),
+        (tmp_path / "missing.json", FileNotFoundError, r"--extra-pool .*missing\.json: file not found"),
+        (files["squad1"], ValueError, r"--extra-pool .*squad_v1\.json: is the --input file itself"),
+    ]
+    for path, error, message in cases:
+        with pytest.raises(error, match=message):
+            build(small_squad(files, out, limit=2, extra_pools=(path,)), tokenizer)
+    # Any file of the source: a test split (no answers, no supporting facts) gives its paragraphs.
+    unanswered = _mutated(files, tmp_path, "hotpotqa", lambda records: [(r.pop("answer"), r.pop("supporting_facts")) for r in records])
+    assert sorted(load_extra_pool("hotpotqa", unanswered)) == load_pool("hotpotqa", files["hotpotqa"])
+    with pytest.raises(DataError, match=r"--extra-pool .*squad_dev\.json: expected an official musique file"):
+        build(spec(files, out, source="musique", limit=2, extra_pools=(files["squad"],)), tokenizer)
+    with pytest.raises(ValueError, match=r"--extra-pool .*squad_dev\.json: is also an --exclude-pool file"):
+        build(small_squad(files, out, shared_pool=False, exclude_pools=(files["squad"],), extra_pools=(files["squad"],)), tokenizer)
+    with pytest.raises(ValueError, match=r"--extra-pool: the index contexts of 20000docs would point past the split's own pool"):
+        build(small_squad(files, out, targets=(Target("docs", 20000),), extra_pools=(files["squad"],)), tokenizer)
+    assert not out.exists()  # nothing was written
+
+
+def test_cap_at_pool_takes_the_whole_usable_pool_and_records_the_real_size(files, tmp_path, tokenizer):
+    own, extra = load_source("squad", files["squad1"]), load_source("squad", files["squad"])
+    # The first 10 articles of the extra file are held out: its 50 paragraphs must never appear.
+    held_out = write_json(tmp_path / "squad_train.json", squad_document(2440, 10, v2=False))
+    blocked = set(load_pool("squad", held_out))
+    kw = dict(limit=3, cap_at_pool=True, shared_pool=False, exclude_pools=(held_out,))
+    (capped,) = build(small_squad(files, tmp_path / "alone", **kw), tokenizer)
+    (docs,) = build(small_squad(files, tmp_path / "extra", targets=(Target("docs", 5000),), extra_pools=(files["squad"],), **kw), tokenizer)
+    for sample in read_published(capped.path):  # the reference's behaviour: all 20 paragraphs, under the 8k label
+        assert sample.meta["capped"] and sorted(sample.meta["docs"]) == list(range(20))
+        assert sample.meta["num_tokens"] == tokenize_document(sample.context, tokenizer).size < 0.5 * 8192
+    pool = own.pool + sorted(extra.pool)
+    usable = 20 + len(extra.pool) - len(blocked)
+    for sample in read_published(docs.path):
+        assert sample.meta["capped"] and sample.meta["num_docs"] == len(set(sample.meta["docs"])) == usable
+        assert not {pool[d] for d in sample.meta["docs"]} & blocked
+    manifest = json.loads(dio.manifest_path(capped.path).read_text())
+    assert manifest["params"]["cap_at_pool"] is True and manifest["results"]["capped"] == 3 == capped.capped
+    assert manifest["results"]["docs"] == {"min": 20, "mean": 20.0, "max": 20}
+    assert manifest["results"]["tokens"]["max"] < 0.5 * 8192
+
+
+# ------------------------------------------------------------------ README commands and recipes
+
+REPO = Path(__file__).resolve().parents[1]
+GPU_RECIPES = ("infmem_4b", "memagent_4b", "infmem_1p7b", "memagent_1p7b", "infmem_qwen25_7b", "memagent_qwen25_7b")
+
+
+def readme_build_command(marker: str) -> list[str]:
+    """The arguments of the ``data_prep.build`` command that data_prep/README.md introduces with a
+    comment naming ``marker``."""
+    block = (REPO / "data_prep" / "README.md").read_text().split("```bash\n", 1)[1].split("```", 1)[0]
+    lines = block.replace("\\\n", " ").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("#") and marker in line)
+    command = next(line for line in lines[start:] if line.startswith("python -m data_prep.build "))
+    return shlex.split(command)[3:]
+
+
+def test_readme_commands_write_the_files_the_recipes_read():
+    from hydra import compose, initialize_config_module
+
+    written = {}
+    for key in ("train_files", "val_files"):
+        spec = parse_args(readme_build_command(f"(data.{key})"))
+        (target,) = spec.targets
+        assert spec.output_format == "parquet", key
+        written[key] = str(spec.out_dir / output_name(spec, target))
+    with initialize_config_module("infmem_verl.conf", version_base=None):
+        for recipe in GPU_RECIPES:
+            config = compose("infmem_trainer", overrides=[f"+recipe={recipe}"])
+            launch = (REPO / "infmem_verl" / "conf" / "recipe" / f"{recipe}.yaml").read_text().replace("\n", " ")
+            for key, path in written.items():
+                assert config.data[key] == path, (recipe, key, path)
+                assert f"data.{key}={path} " in launch, f"{recipe}.yaml: launch comment, data.{key}"

@@ -7,6 +7,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from data_prep.build import BuildSpec, ClosedBookFilter, build
@@ -143,6 +144,40 @@ def test_stats_of_reference_files_count_tokens_and_expand_indices(tokenizer, dat
     assert theirs.with_name("eval_2.json.stats.png").read_bytes().startswith(PNG_SIGNATURE)
 
 
+def _table(text: str) -> list[list[str]]:
+    """The body rows of a markdown table, as cells."""
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in text.strip().splitlines()[2:]]
+
+
+def test_stats_set_each_files_real_size_against_its_label(tokenizer, data, dev_file, tmp_path, capsys):
+    base = dict(source="hotpotqa", input=dev_file, split="dev", out_dir=tmp_path, limit=2, shared_pool=True)
+    (full,) = build(BuildSpec(targets=(Target("tokens", 8192),), **base), tokenizer)
+    (capped,) = build(BuildSpec(targets=(Target("tokens", 1 << 17),), cap_at_pool=True, **base), tokenizer)
+    # A reference-style file (no meta): the label comes from its name, the tokens from its text.
+    theirs = tmp_path / "eval_qa_2_65536.json"
+    records = json.loads(full.path.read_text())
+    theirs.write_text(json.dumps([{k: r[k] for k in ("context", "input", "answers", "index")} for r in records], indent=4))
+    report = stats_main([str(full.path), str(capped.path), str(theirs)])
+    assert report in capsys.readouterr().out
+    whole_pool = next(read_published(capped.path)).meta["num_tokens"]  # every sample holds the whole pool
+    assert whole_pool < 1 << 17
+    full_tokens = [s.meta["num_tokens"] for s in read_published(full.path)]
+    summary = _table(report.split("## label against real size")[1])
+    assert summary == [
+        ["eval_qa_2_8192.json", "8k", "2", f"{min(full_tokens)} / {sum(full_tokens) / 2:.0f} / {max(full_tokens)}",
+         f"{100 * sum(full_tokens) / 2 / 8192:.1f}%", "0"],
+        ["eval_qa_2_131072.json", "128k", "2", f"{whole_pool} / {whole_pool} / {whole_pool}", f"{100 * whole_pool / (1 << 17):.1f}%", "2"],
+        ["eval_qa_2_65536.json", "64k", "2", f"{min(full_tokens)} / {sum(full_tokens) / 2:.0f} / {max(full_tokens)}",
+         f"{100 * sum(full_tokens) / 2 / 65536:.1f}%", "2"],
+    ]  # fmt: skip
+    rows = dict(_table(capped.path.with_name(capped.path.name + ".stats.md").read_text().split("\n\n", 1)[1]))
+    assert rows["label"] == "128k (131072 tokens)" and rows["samples short of the label (< 99%)"] == "2 of 2"
+    assert rows["real tokens / label min / median / max"] == " / ".join([f"{100 * whole_pool / (1 << 17):.1f}%"] * 3)
+    with pytest.raises(SystemExit):
+        stats_main([str(full.path), str(theirs), "--out", str(tmp_path / "one")])
+    assert "--out: a prefix for one file" in capsys.readouterr().err
+
+
 # ----------------------------------------------------------------------------------- verl reads it
 
 
@@ -163,5 +198,19 @@ def test_verl_dataset_reads_the_training_parquet(tokenizer, dev_file, tmp_path, 
         row = dataset[i]
         assert row["raw_prompt"] == [{"role": "user", "content": question.question}]
         assert list(row["reward_model"]["ground_truth"]) == list(question.answers)
-        assert row["index"] == question.index and row["agent_name"] == "infmem_agent"
+        # No agent_name column unless asked: verl then runs the configured default_agent_loop.
+        assert row["index"] == question.index and "agent_name" not in row
         assert data.pool[question.gold[0]] in resolve(row["document_ref"])
+
+
+def test_synthetic_dataset_command_writes_agent_name_only_when_asked(tmp_path, capsys):
+    from infmem_verl.rollout.dataset import main as dataset_main
+
+    argv = ["--synthetic", "2", "--tokens", "1500"]
+    dataset_main(argv + ["--out", str(tmp_path / "plain.parquet")])
+    assert "agent_name" not in pq.read_schema(tmp_path / "plain.parquet").names
+    dataset_main(argv + ["--out", str(tmp_path / "named.parquet"), "--agent-loop", "memagent_agent"])
+    assert pq.read_table(tmp_path / "named.parquet", columns=["agent_name"]).column(0).to_pylist() == ["memagent_agent"] * 2
+    with pytest.raises(SystemExit):
+        dataset_main(argv + ["--out", str(tmp_path / "bad.parquet"), "--agent-loop", "memagent"])
+    assert "--agent-loop: invalid choice: 'memagent'" in capsys.readouterr().err

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from data_prep.training import TrainingWriter, store_path
+from data_prep.training import AGENT_LOOPS, TrainingWriter, store_path
 from infmem_verl.data.sample import QASample
 
 
@@ -67,7 +67,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True, help="output parquet")
     parser.add_argument("--store", type=Path, default=None, help="document store (default: <out>_docs.parquet)")
-    parser.add_argument("--agent-loop", default=None, help="agent_name column (default: the config's loop)")
+    parser.add_argument(
+        "--agent-loop", choices=AGENT_LOOPS, default=None, help="agent_name column naming this loop (default: none)"
+    )
     args = parser.parse_args(argv)
     if args.records is not None:
         samples = _read_records(args.records)
