@@ -137,13 +137,13 @@ def ray_head_with_gpus(tmp_path_factory):
         stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     address = f"127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        time.sleep(1)
-    time.sleep(3)  # the GCS listens before the raylet registers the node's resources
+    deadline = time.time() + 240
+    while time.time() < deadline:  # ready once its node (and the 8 GPUs) registered
+        status = subprocess.run([str(ray_bin), "status", f"--address={address}"], capture_output=True, text=True)
+        if status.returncode == 0 and "GPU" in status.stdout:
+            break
+        assert head.poll() is None, "ray start --head exited"
+        time.sleep(2)
     yield address
     os.killpg(head.pid, 15)
     head.wait(timeout=60)
