@@ -225,7 +225,16 @@ def _clip(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-_BOXED = "\\boxed{"
+# A box around the final answer: \boxed{...} or \fbox{...}, spaces allowed before the brace.
+_BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
+# Commands whose argument is the text itself (\text{Paris}); unwrapped inside an answer.
+_TEXT_WRAPPERS = re.compile(
+    r"\\(?:text|textbf|textit|textrm|textsf|texttt|textnormal|mathrm|mathbf|mathit|mathsf|mathtt|"
+    r"mathbb|mathcal|emph|mbox|operatorname|boxed|fbox)\s*\{"
+)
+# LaTeX spacing commands and escaped characters, as plain text.
+_LATEX_ESCAPES = {"\\ ": " ", "\\,": " ", "\\;": " ", "\\:": " ", "\\!": "",
+                  "\\&": "&", "\\%": "%", "\\$": "$", "\\#": "#", "\\_": "_"}  # fmt: skip
 _ANSWER_IS = re.compile(r"\bthe answer is\b", re.IGNORECASE)
 # Decoration models put around a final answer: markdown bold, quotes, a colon after "is".
 _ANSWER_EDGES = " \t*\"'`:\u201c\u201d\u2018\u2019"
@@ -234,25 +243,29 @@ _ANSWER_EDGES = " \t*\"'`:\u201c\u201d\u2018\u2019"
 def parse_answer(output: str, answer_format: str) -> str | None:
     """The final answer in ``output`` (the text after ``</think>``), or None when there is none.
 
-    ``"boxed"``: the content of the last ``\\boxed{...}``, braces matched (nested and
-    backslash-escaped braces allowed); None when absent, unbalanced (e.g. truncated) or empty.
-    ``"answer_is"``: the rest of the line after the last case-insensitive "the answer is",
-    stripped of surrounding ``*``, quotes, whitespace and a trailing period; None when absent or
-    empty.
+    ``"boxed"``: the content of the last ``\\boxed{...}`` or ``\\fbox{...}`` (``\\boxed {...}``
+    too), braces matched (nested and backslash-escaped braces allowed); None when absent,
+    unbalanced (e.g. truncated) or empty.
+    ``"answer_is"``: the text after the last case-insensitive "the answer is": the rest of its
+    line, or the next non-empty line when the phrase ends a line; stripped of surrounding ``*``,
+    quotes, whitespace and a trailing period; None when absent or empty.
+    Either way, text commands are unwrapped (``\\text{Paris}``, ``\\textbf{...}``,
+    ``\\mathrm{...}``, a box after "the answer is") and LaTeX spaces and escapes read as text, so
+    ``\\boxed{\\text{New\\ York}}`` is "New York"; mathematics (``\\frac{1}{2}``) stays as written.
     """
     if answer_format == "boxed":
-        return _last_boxed(output)
-    if answer_format == "answer_is":
-        return _after_answer_is(output)
-    raise ValueError(f"answer_format: expected 'boxed' or 'answer_is', got {answer_format!r}")
+        found = _last_boxed(output)
+    elif answer_format == "answer_is":
+        found = _after_answer_is(output)
+    else:
+        raise ValueError(f"answer_format: expected 'boxed' or 'answer_is', got {answer_format!r}")
+    return None if found is None else (_plain_answer(found) or None)
 
 
-def _last_boxed(text: str) -> str | None:
-    start = text.rfind(_BOXED)
-    if start < 0:
-        return None
-    begin = pos = start + len(_BOXED)
-    depth = 1
+def _braced(text: str, begin: int) -> int | None:
+    """The index of the brace closing the group that starts at ``begin`` (just after its
+    opening brace), or None when the group never closes."""
+    depth, pos = 1, begin
     while pos < len(text):
         char = text[pos]
         if char == "\\":  # \{ and \} are literal braces in LaTeX; skip the escaped character
@@ -263,9 +276,31 @@ def _last_boxed(text: str) -> str | None:
         elif char == "}":
             depth -= 1
             if depth == 0:
-                return text[begin:pos].strip() or None
+                return pos
         pos += 1
     return None
+
+
+def _last_boxed(text: str) -> str | None:
+    opened = None
+    for opened in _BOX_OPEN.finditer(text):
+        pass
+    if opened is None:
+        return None
+    end = _braced(text, opened.end())
+    return None if end is None else text[opened.end() : end].strip() or None
+
+
+def _plain_answer(text: str) -> str:
+    """``text`` with its text commands unwrapped and LaTeX escapes read (see :func:`parse_answer`)."""
+    while (wrapper := _TEXT_WRAPPERS.search(text)) is not None:
+        end = _braced(text, wrapper.end())
+        if end is None:  # an unclosed wrapper: keep the rest as it is
+            break
+        text = text[: wrapper.start()] + text[wrapper.end() : end] + text[end + 1 :]
+    for escape, plain in _LATEX_ESCAPES.items():
+        text = text.replace(escape, plain)
+    return " ".join(text.split())
 
 
 def _after_answer_is(text: str) -> str | None:
@@ -274,12 +309,20 @@ def _after_answer_is(text: str) -> str | None:
         pass
     if last is None:
         return None
-    answer = text[last.end() :].split("\n", 1)[0]
+    # The rest of the phrase's line, or ("The answer is:\n\n**Paris**") the next line that says something.
+    for line in text[last.end() :].split("\n"):
+        answer = _strip_edges(line)
+        if answer:
+            return answer
+    return None
+
+
+def _strip_edges(answer: str) -> str:
     previous = None
     while answer != previous:  # "**Paris**." needs the period and the stars removed in turn
         previous = answer
         answer = answer.strip(_ANSWER_EDGES).removesuffix(".")
-    return answer or None
+    return answer
 
 
 # --------------------------------------------------------------------------------------------

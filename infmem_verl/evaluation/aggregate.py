@@ -42,7 +42,7 @@ class CellStats:
     method: str
     n: int  # samples scored
     failed: int
-    acc: float | None  # ours: gold-in-prediction sub-EM over all golds
+    acc: float | None  # ours: whole-word gold-in-prediction over all golds
     acc_ci: tuple[float, float]
     acc_ref: float | None  # the papers': two-way sub-EM against the first gold
     acc_ref_ci: tuple[float, float]

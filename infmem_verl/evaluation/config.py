@@ -7,7 +7,7 @@ to run and where. Three presets:
 - ``embedded``: the no-argument run: tiny budgets and short synthetic documents for the tiny
   in-process model, so ``python -m infmem_verl.eval`` finishes in about a minute anywhere;
 - ``default``: our protocol (spec §8.3): the agent core's budgets, ``\\boxed{}`` answers, greedy
-  decoding; headline accuracy = gold-in-prediction sub-EM against **all** golds;
+  decoding; headline accuracy = whole-word gold-in-prediction against **all** golds;
 - ``reference``: the papers' evaluation protocol for like-for-like comparison (spec §2.6, §6.3):
   two-stage thinking of 1024 + 1024 tokens per call, "Therefore, the answer is" answers, greedy
   decoding, top-4 retrieval over the whole document; headline accuracy = two-way sub-EM against
@@ -61,7 +61,7 @@ PRESETS: dict[str, Preset] = {
         "default",
         dict(_GREEDY),
         "ours",
-        "our protocol: agent-core budgets, \\boxed{} answers, greedy; accuracy = gold-in-prediction sub-EM over all golds",
+        "our protocol: agent-core budgets, \\boxed{} answers, greedy; accuracy = whole-word gold-in-prediction over all golds",
     ),
     "reference": Preset(
         "reference",

@@ -15,7 +15,7 @@ from .aggregate import CellStats
 from .config import Preset
 from .methods import METHOD_LABELS
 
-ACC_OURS = "acc (ours: gold in prediction, any gold)"
+ACC_OURS = "acc (ours: gold in prediction as whole words, any gold)"
 ACC_REF = "acc (papers: two-way sub-EM, first gold)"
 
 
