@@ -119,6 +119,7 @@ class EvalConfig:
     published_backbone: str = "qwen3-4b"
     retry_failed: RetryPolicy = "transient"
     progress: bool = True
+    repeats: int = 1  # samples per question and method (at a temperature > 0 they differ)
 
     def resolved_preset(self) -> Preset:
         name = self.preset or ("default" if self.source.endpoints else "embedded")
@@ -151,6 +152,8 @@ class EvalConfig:
         if self.context_window is not None and self.context_window < 256:
             raise ConfigError(f"context_window: expected an integer >= 256, got {self.context_window!r}")
         check_retry_policy(self.retry_failed)
+        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
+            raise ConfigError(f"repeats: expected an integer >= 1, got {self.repeats!r}")
         self.agent_config()
         return self
 

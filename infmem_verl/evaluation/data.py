@@ -55,6 +55,7 @@ class CellSource:
     dataset: str
     length: str
     items: Callable[[], Iterator[Item]]
+    path: Path | None = None  # the file read (None: generated, or not found)
 
 
 def length_tokens(label: str) -> int:
@@ -84,7 +85,7 @@ def synthetic_sources(lengths: Sequence[str], samples: int, tokenizer, seed: int
 
 def file_source(dataset: str, length: str, path: Path, pool: Callable[[], Sequence[str] | None], limit: int | None) -> CellSource:
     """The samples of a published evaluation file (text or index contexts)."""
-    return CellSource(dataset, normalize_length(length), functools.partial(_file_items, dataset, path, pool, limit))
+    return CellSource(dataset, normalize_length(length), functools.partial(_file_items, dataset, path, pool, limit), path)
 
 
 def _file_items(dataset: str, path: Path, pool: Callable[[], Sequence[str] | None], limit: int | None) -> Iterator[Item]:
