@@ -15,6 +15,10 @@ to run and where. Three presets:
 
 Both accuracies are computed for every sample whatever the preset; the preset only picks the one
 the report leads with.
+
+Variants (``--variant``, any number, applied in order on top of the preset and before ``--set``)
+reproduce the protocols other checkpoints were trained or evaluated with: the paper-era retrieval
+and the MemAgent baseline's two budget regimes (:data:`VARIANTS`).
 """
 
 from __future__ import annotations
@@ -85,6 +89,47 @@ PRESETS: dict[str, Preset] = {
 
 
 @dataclass(frozen=True)
+class Variant:
+    name: str
+    agent: Mapping[str, Any]  # agent_config overrides
+    description: str
+
+
+VARIANTS: dict[str, Variant] = {
+    v.name: v
+    for v in (
+        Variant(
+            "paper_retrieval",
+            {
+                "document": {"unit_tokens": 500, "unit_overlap": 0},
+                "retrieval": {"backend": "rank_bm25", "analyzer": "whitespace", "k1": 1.5, "b": 0.75, "stem": False,
+                              "stopwords": False, "top_k_min": 4, "top_k_max": 4, "top_k_default": 4},
+            },  # fmt: skip
+            "the paper-era retrieval of the reference's evaluation: BM25Okapi (k1 1.5, b 0.75) over lower().split() "
+            "words, 500-token units without overlap, always the top 4",
+        ),
+        Variant(
+            "memagent_shared",
+            {
+                "thinking": True,
+                "thinking_mode": "single_pass",
+                "memory_tokens": 1024,
+                "write": {"thinking_tokens": 0, "output_tokens": 1024},
+                "answer": {"thinking_tokens": 0, "output_tokens": 1024},
+            },
+            "MemAgent as its Qwen3 baseline was trained: thinking and memory (or answer) share one 1024-token response",
+        ),
+        Variant(
+            "memagent_nothink",
+            {"thinking": False, "memory_tokens": 1024, "write": {"output_tokens": 1024}, "answer": {"output_tokens": 1024}},
+            "MemAgent with thinking off (as InfMem's paper ran the baseline, and the Qwen2.5-Instruct MemAgent "
+            "checkpoints): the whole response is the memory or the answer, 1024 tokens",
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
 class DataSpec:
     """One evaluation file: the dataset it belongs to, its length label and its path."""
 
@@ -120,6 +165,7 @@ class EvalConfig:
     retry_failed: RetryPolicy = "transient"
     progress: bool = True
     repeats: int = 1  # samples per question and method (at a temperature > 0 they differ)
+    variants: list[str] = field(default_factory=list)  # VARIANTS applied on top of the preset
 
     def resolved_preset(self) -> Preset:
         name = self.preset or ("default" if self.source.endpoints else "embedded")
@@ -128,8 +174,13 @@ class EvalConfig:
         return PRESETS[name]
 
     def agent_config(self) -> AgentConfig:
-        """The preset's agent settings with ``agent`` overrides merged in, validated."""
-        return agent_config(merge(self.resolved_preset().agent, self.agent))
+        """The preset's agent settings, then the variants', then ``agent`` overrides, validated."""
+        settings = dict(self.resolved_preset().agent)
+        for name in self.variants:
+            if name not in VARIANTS:
+                raise ConfigError(f"variants: unknown variant {name!r}; expected some of {sorted(VARIANTS)}")
+            settings = merge(settings, VARIANTS[name].agent)
+        return agent_config(merge(settings, self.agent))
 
     def validate(self) -> EvalConfig:
         self.resolved_preset()
