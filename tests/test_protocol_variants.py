@@ -5,6 +5,7 @@ MemAgent budget variants. Real Qwen3 tokenizer, real chat template, real rank_bm
 from __future__ import annotations
 
 import asyncio
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,10 @@ from infmem_verl.agent.protocol import PromptBuilder, ThinkSplit, decide_action,
 from infmem_verl.agent.retrieval import BM25Index
 from infmem_verl.agent.templates import load_templates
 from infmem_verl.assets import wiki_paragraphs
+from infmem_verl import eval as eval_cli
 from infmem_verl.evaluation.config import VARIANTS, EvalConfig
+from infmem_verl.evaluation.data import candidates
+from infmem_verl.evaluation.published import lookup
 from infmem_verl.policy.scripted import ScriptedPolicy
 
 TEMPLATES = Path(__file__).with_name("protocol_variant_templates.yaml")
@@ -207,3 +211,20 @@ def test_memagent_variants_budget_thinking_and_memory_as_described(tokenizer, va
     prompt = tokenizer.decode(policy.calls[0].prompt_ids.tolist())
     assert ("<think>\n\n</think>" in prompt) == (variant == "memagent_nothink")  # Qwen3's thinking-off marker
     assert set(VARIANTS) >= {"paper_retrieval", "memagent_shared", "memagent_nothink"}
+
+
+def test_the_readme_command_for_a_released_memagent_checkpoint_parses_to_that_protocol():
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    block = readme[readme.index("python -m infmem_verl.eval --endpoint http://127.0.0.1:8000 --tokenizer") :]
+    command = shlex.split(block[: block.index("```")].replace("\\\n", " "), comments=True)
+    ours = f"prompt_templates={TEMPLATES}"  # the README's file is the user's; ours stands in for it
+    args = [ours if a == "prompt_templates=memagent_prompts.yaml" else a for a in command[3:]]
+    assert ours in args
+    cfg = eval_cli.parse_args(args)
+    agent = cfg.agent_config()
+    assert (agent.thinking, agent.answer_format, agent.temperature, agent.top_p) == (False, "answer_is", 0.7, 0.95)
+    assert agent.memory_tokens == 1024 and cfg.methods == ["memagent"] and cfg.resolved_preset().headline == "reference"
+    published = [lookup(cfg.published_backbone, "hotpotqa", length, "memagent") for length in cfg.lengths]
+    assert [p.accuracy for p in published] == [83.59, 82.03, 84.38, 80.47, 76.56, 81.25, 75.00, 77.34, 76.56, 78.12]
+    files = [candidates(Path("d"), "hotpotqa", length)[-1].name for length in cfg.lengths]
+    assert files[0] == "eval_50.json" and files[-2:] == ["eval_12800.json", "eval_25600.json"]
