@@ -359,10 +359,15 @@ def _braced(text: str, begin: int) -> int | None:
     return None
 
 
-def _last_boxed(text: str) -> str | None:
-    opened = None
-    for opened in _BOX_OPEN.finditer(text):
+def _last_match(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
+    last = None
+    for last in pattern.finditer(text):
         pass
+    return last
+
+
+def _last_boxed(text: str) -> str | None:
+    opened = _last_match(_BOX_OPEN, text)
     if opened is None:
         return None
     end = _braced(text, opened.end())
@@ -382,9 +387,7 @@ def _plain_answer(text: str) -> str:
 
 
 def _after_answer_is(text: str) -> str | None:
-    last = None
-    for last in _ANSWER_IS.finditer(text):
-        pass
+    last = _last_match(_ANSWER_IS, text)
     if last is None:
         return None
     # The rest of the phrase's line, or ("The answer is:\n\n**Paris**") the next line that says something.
