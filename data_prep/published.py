@@ -32,6 +32,17 @@ _TOP_LEVEL_META = ("index", "num_docs")
 _HEADER = re.compile(r"(?m)^Document \d+:\n")
 
 
+def document_count(sample: QASample) -> int:
+    """The documents in ``sample``'s context: its recorded ``num_docs``, else its pool indices,
+    else (e.g. a RULER-style file read back) the "Document i:" headers counted; 0 for a context
+    without documents (the synthetic set)."""
+    num_docs = sample.meta.get("num_docs")
+    if num_docs is not None:
+        return num_docs
+    docs = sample.meta.get("docs")
+    return len(docs) if isinstance(docs, list) else len(_HEADER.findall(sample.context))
+
+
 def published_record(sample: QASample, indices: bool = False) -> dict[str, Any]:
     """The published record of ``sample``; with ``indices`` its context is its documents' pool
     indices (``sample.meta["docs"]``) instead of text."""
@@ -44,14 +55,11 @@ def published_record(sample: QASample, indices: bool = False) -> dict[str, Any]:
         if not isinstance(docs, list) or not docs:
             raise ValueError(f"sample {sample.id!r}: meta 'docs' (pool indices) is required for an index context")
         context = docs
-    num_docs = meta.get("num_docs")
-    if num_docs is None:  # e.g. a RULER-style file read back: count the document headers
-        num_docs = len(context) if indices else len(_HEADER.findall(sample.context))
     return {
         "context": context,
         "input": sample.question,
         "answers": list(sample.answers),
-        "num_docs": num_docs,
+        "num_docs": document_count(sample),
         "index": meta["index"],
         "id": sample.id,
         "source": sample.source,

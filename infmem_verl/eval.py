@@ -27,7 +27,7 @@ from infmem_verl.agent.config import ConfigError
 from infmem_verl.policy.source import ModelSource, add_model_options, model_source, open_model
 
 from .evaluation.aggregate import aggregate
-from .evaluation.config import PRESETS, DataSpec, EvalConfig
+from .evaluation.config import PRESETS, VARIANTS, DataSpec, EvalConfig, merge
 from .evaluation.data import CellSource, file_source, find_file, missing_source, synthetic_sources
 from .evaluation.methods import METHODS, build_methods
 from .evaluation.published import BACKBONES
@@ -58,6 +58,9 @@ def parse_args(argv: Sequence[str] | None = None) -> EvalConfig:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="agent setting, e.g. document.chunk_tokens=2000")
     parser.add_argument("--published-backbone", default="qwen3-4b", choices=BACKBONES)
     parser.add_argument("--retry-failed", default="transient", choices=RETRY_POLICIES)
+    parser.add_argument("--variant", action="append", default=[], choices=sorted(VARIANTS), help="protocol variant on top of the preset (repeatable): " + "; ".join(f"{v.name}: {v.description}" for v in VARIANTS.values()))
+    parser.add_argument("--repeats", type=int, default=1, metavar="K", help="samples per question and method; the report adds mean ± std over repeats")
+    parser.add_argument("--temperature", type=float, help="sampling temperature (default: the preset's; greedy presets use 0)")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     cfg = EvalConfig(
@@ -72,10 +75,12 @@ def parse_args(argv: Sequence[str] | None = None) -> EvalConfig:
         seed=args.seed,
         source=model_source(args),
         context_window=args.context_window,
-        agent=_overrides(args.set),
+        agent=merge(_overrides(args.set), {} if args.temperature is None else {"temperature": args.temperature}),
         published_backbone=args.published_backbone,
         retry_failed=args.retry_failed,
         progress=not args.no_progress,
+        repeats=args.repeats,
+        variants=args.variant,
     )
     preset = cfg.resolved_preset().name
     cfg.out = args.out or Path("runs/eval") / preset
@@ -165,7 +170,7 @@ async def evaluate(cfg: EvalConfig) -> Path:
         store = ResultStore(cfg.out, protocol)
         sources, limit = _sources(cfg, tokenizer)
         methods = build_methods(cfg.methods, agent_cfg, tokenizer, window)
-        runner = Runner(opened.policy, methods, store, cfg.source.concurrency, cfg.retry_failed, cfg.progress)
+        runner = Runner(opened.policy, methods, store, cfg.source.concurrency, cfg.retry_failed, cfg.progress, cfg.repeats)
         counts = await runner.run(sources, limit)
     finally:
         await opened.close()
@@ -174,8 +179,17 @@ async def evaluate(cfg: EvalConfig) -> Path:
         f"Model `{model}` ({cfg.source.describe()}), concurrency {cfg.source.concurrency}, context window {window}. "
         f"This run: {counts.ran} samples run ({counts.failed} failed), {counts.skipped} already done."
     )
-    report = write_report(cfg.out, stats, preset, cfg.published_backbone, header)
+    variants = "".join(f" Variant **{name}**: {VARIANTS[name].description}." for name in cfg.variants)
+    if variants or agent_cfg.prompt_templates:
+        header += variants + (f" Prompt templates: `{agent_cfg.prompt_templates}`." if agent_cfg.prompt_templates else "")
+    decoding = (
+        f"Decoding: temperature {agent_cfg.temperature:g}{' (greedy)' if agent_cfg.temperature == 0 else ''}, "
+        f"top-p {agent_cfg.top_p:g}, top-k {agent_cfg.top_k}; {cfg.repeats} sample(s) per question and method."
+    )
+    files = {(s.dataset, s.length): str(s.path) if s.path else "generated" for s in sources}
+    report = write_report(cfg.out, stats, preset, cfg.published_backbone, header, decoding, files)
     print(header)
+    print(decoding)
     for dataset, table in dataset_tables(stats, preset, cfg.published_backbone).items():
         print(f"\n{dataset}")
         print("\n".join(table))

@@ -14,12 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from data_prep.compose import render_context
 from data_prep.published import PublishedWriter
 from infmem_verl import distill as distill_cli
 from infmem_verl import eval as eval_cli
 from infmem_verl.agent.config import ConfigError
 from infmem_verl.data.synthetic import make_dataset
-from infmem_verl.evaluation.aggregate import aggregate, wilson_interval
+from infmem_verl.evaluation.aggregate import aggregate, repeat_spread, wilson_interval
 from infmem_verl.evaluation.config import EvalConfig
 from infmem_verl.evaluation.methods import BaselineMethod, cut_middle
 from infmem_verl.evaluation.published import lookup
@@ -98,6 +99,52 @@ def test_broken_records_and_missing_lengths_fail_alone_with_their_reason(tiny_mo
     assert "## Failures" in (out / "report.md").read_text()
 
 
+def test_repeats_sample_each_question_k_times_and_the_report_states_metrics_decoding_and_documents(
+    tiny_model_dir, samples, tmp_path, capsys
+):
+    # A RULER-HotpotQA-style file: each context is documents rendered as the reference renders them.
+    path = tmp_path / "eval_3.json"
+    path.write_text(json.dumps([
+        {"context": render_context(s.context.split("\n\n"), range(3)), "input": s.question, "answers": s.answers,
+         "num_docs": 3, "index": i} for i, s in enumerate(samples[:2])
+    ]))  # fmt: skip
+    out = tmp_path / "run"
+    args = ["--model-dir", str(tiny_model_dir), "--data", f"hotpotqa:1k={path}", "--methods", "memagent",
+            "--repeats", "3", "--temperature", "0.8", "--out", str(out), "--no-progress"]  # fmt: skip
+    assert eval_cli.main(args) == 0
+    records = read_records(out)
+    assert sorted((r["sample_id"], r["repeat"]) for r in records) == [(f"eval_3-{i}", r) for i in range(2) for r in range(3)]
+    assert {r["status"] for r in records} == {"ok"} and {r["num_docs"] for r in records} == {3}
+    # The tiny random model samples at 0.8: the repeats of a question differ.
+    assert len({r["answer_text"] for r in records if r["sample_id"] == "eval_3-0"}) > 1
+    (cell,) = aggregate(records, "qwen3-4b")
+    assert cell.n == 6 and len(cell.acc_by_repeat) == 3
+    report = (out / "report.md").read_text()
+    assert "Decoding: temperature 0.8, top-p 1, top-k -1; 3 sample(s) per question and method." in report
+    assert "mean ± std over repeats" in report and "scored runs (questions × repeats)" in report
+    assert "acc (ours: gold in prediction as whole words, any gold)" in report
+    assert "**EM %**: exact match" in report and "**F1 %**: token F1" in report
+    tokens = sorted(r["doc_tokens"] for r in records)
+    mapping = f"| hotpotqa | 1k (1,024) | {path} | 3 | {np.mean(tokens):,.0f} ≈ "
+    assert mapping in report and f"({tokens[0]:,}-{tokens[-1]:,}) |" in report
+    capsys.readouterr()
+    assert eval_cli.main(args + ["--repeats", "4"]) == 0  # one more repeat: only it runs
+    assert "2 samples run (0 failed), 6 already done" in capsys.readouterr().out
+
+
+def test_repeat_spread_is_the_mean_and_sample_std_of_per_repeat_accuracy():
+    def row(sid, repeat, acc):
+        return {"dataset": "d", "length": "1k", "method": "memagent", "sample_id": sid, "repeat": repeat,
+                "status": "ok", "acc": acc, "acc_ref": 1.0, "run_id": "r"}  # fmt: skip
+
+    rows = [row(s, r, acc) for r, accs in enumerate([(1, 1, 0, 0), (1, 0, 0, 0), (1, 1, 1, 0)]) for s, acc in zip("abcd", accs)]
+    (cell,) = aggregate(rows, "qwen3-4b")
+    assert cell.acc_by_repeat == [0.5, 0.25, 0.75] and cell.acc_ref_by_repeat == [1.0, 1.0, 1.0]
+    assert repeat_spread(cell.acc_by_repeat) == pytest.approx((0.5, 0.25))
+    assert cell.acc == pytest.approx(6 / 12) and cell.acc_ci == pytest.approx(wilson_interval(6, 12))
+    assert repeat_spread([0.5]) is None
+
+
 def test_unreachable_endpoint_stops_with_a_clear_message(tmp_path):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -117,6 +164,7 @@ def test_unreachable_endpoint_stops_with_a_clear_message(tmp_path):
         (["--set", "memory_tokens=0"], "memory_tokens: expected an integer >= 1"),
         (["--set", "document.chunk_size=10"], "document.chunk_size: unknown key"),
         (["--concurrency", "0"], "concurrency: expected an integer >= 1"),
+        (["--repeats", "0"], "repeats: expected an integer >= 1"),
     ],
 )
 def test_bad_settings_exit_2_naming_the_field(args, words, capsys):

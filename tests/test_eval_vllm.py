@@ -27,7 +27,7 @@ from infmem_verl.agent.loops import build_agent
 from infmem_verl.agent.policy import SamplingParams
 from infmem_verl.agent.protocol import PromptBuilder
 from infmem_verl.data.synthetic import make_dataset
-from infmem_verl.evaluation.config import PRESETS, merge
+from infmem_verl.evaluation.config import PRESETS, EvalConfig, merge
 from infmem_verl.policy.openai import OpenAIPolicy
 from infmem_verl.policy.transformers import TransformersPolicy, end_token_ids
 
@@ -106,6 +106,51 @@ def test_infmem_and_memagent_run_end_to_end_over_http(vllm_server, tokenizer, cf
         model_tokens = turn.response_mask == 1
         recomputed = reference.compute_log_probs(turn.prompt_ids, turn.response_ids, temperature=0.0)
         np.testing.assert_allclose(turn.log_probs[model_tokens], recomputed[model_tokens], atol=1e-3)
+
+
+def test_a_checkpoint_of_another_protocol_is_evaluated_end_to_end_over_http(vllm_server, tokenizer, tmp_path):
+    """Our test template file, the Qwen-Agent grammar with both compatibility rules on, the
+    paper-era retrieval and two repeats at T=0.8: in-process over HTTP, then through the CLI."""
+    templates = Path(__file__).with_name("protocol_variant_templates.yaml")
+    controller = {"grammar": "qwen_agent", "function_name": "lookup", "no_call_stops": True, "stop_anywhere": True}
+    settings = {"prompt_templates": str(templates), "controller": controller, "record_token_ids": True}
+    cfg = EvalConfig(preset="embedded", variants=["paper_retrieval"], agent=settings).agent_config()
+    sample = make_dataset(1, 2048, tokenizer, seed=3)[0]
+
+    async def scenario():
+        async with policy_for(vllm_server, tokenizer) as policy:
+            runs = [build_agent(name, cfg, tokenizer).run(policy, sample.question, sample.context) for name in ("infmem", "memagent")]
+            return await asyncio.gather(*runs), policy.stats
+
+    (infmem, memagent), stats = asyncio.run(asyncio.wait_for(scenario(), RUN_TIMEOUT_S))
+    assert stats.failures == 0  # and every call's echo of our prompt ids matched (checked per call)
+    prethink = tokenizer.decode(infmem.turns[0].prompt_ids.tolist())
+    assert prethink.startswith("<|im_start|>system\nYou can call one function, lookup") and "Decide whether to search" in prethink
+    # The random model writes no call: a stop vote under no_call_stops, so InfMem stops at once.
+    assert infmem.turns[0].action.kind == "stop" and "no_call_stops" in infmem.turns[0].action.reason
+    assert infmem.stop_step == 0 and infmem.chunks_read == 0
+    write = tokenizer.decode(memagent.turns[0].prompt_ids.tolist())
+    assert write.index("Passage:") < write.index("Notes so far:") < write.index("Rewritten notes:")
+    assert "Therefore, the answer is" in tokenizer.decode(memagent.turns[-1].prompt_ids.tolist())
+
+    out = tmp_path / "variant"
+    sets = [f"prompt_templates={templates}", *(f"controller.{key}={json.dumps(value)}" for key, value in controller.items())]
+    command = [
+        sys.executable, "-m", "infmem_verl.eval", "--endpoint", vllm_server.url, "--preset", "embedded",
+        "--variant", "paper_retrieval", "--lengths", "2k", "--samples", "2", "--methods", "infmem,memagent",
+        "--repeats", "2", "--temperature", "0.8", "--concurrency", "2", "--out", str(out), "--no-progress",
+        *(arg for item in sets for arg in ("--set", item)),
+    ]  # fmt: skip
+    finish(command)
+    results = records(out)
+    assert len(results) == 8 and {r["status"] for r in results} == {"ok"}
+    assert sorted({(r["method"], r["repeat"]) for r in results}) == [(m, k) for m in ("infmem", "memagent") for k in (0, 1)]
+    assert {r["chunks_read"] for r in results if r["method"] == "infmem"} == {0}
+    report = (out / "report.md").read_text()
+    assert "Variant **paper_retrieval**" in report and f"Prompt templates: `{templates}`" in report
+    assert "Decoding: temperature 0.8" in report and "mean ± std over repeats" in report
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["agent"]["retrieval"]["analyzer"] == "whitespace" and manifest["agent"]["controller"] == controller
 
 
 def eval_command(server: VLLMServer, out: Path, samples: int, retries: int = 3) -> list[str]:

@@ -67,9 +67,28 @@ def test_sub_em_two_way_versus_strict() -> None:
     # gold inside prediction: both
     assert sub_em("In 1990, during the war", ["1990"]) == 1.0
     assert sub_em_strict("In 1990, during the war", ["1990"]) == 1.0
-    # containment is on characters, as in the reference harness
+    # the reference's two-way rule compares characters
     assert sub_em("not", ["no"]) == 1.0
-    assert sub_em_strict("London", ["Paris", "Lond"]) == 1.0
+    assert sub_em("London", ["Paris", "Lond"]) == 1.0
+
+
+@pytest.mark.parametrize(
+    "pred, golds, expected",
+    [
+        ("not sure", ["no"], 0.0),  # characters would find "no" in "not"
+        ("1923", ["3"], 0.0),  # and "3" in "1923"
+        ("London", ["Paris", "Lond"], 0.0),
+        ("No.", ["no"], 1.0),
+        ("Paris, France", ["Paris"], 1.0),
+        ("the city of New York", ["New York"], 1.0),
+        ("New Yorker", ["New York"], 0.0),
+        ("in 1923 or 3", ["3"], 1.0),
+        ("Marie Curie", ["Curie", "Marie Sklodowska"], 1.0),  # best over all golds
+    ],
+)
+def test_sub_em_strict_is_whole_word_gold_in_prediction(pred, golds, expected) -> None:
+    # The headline "ours" accuracy of the evaluation report.
+    assert sub_em_strict(pred, golds) == expected
 
 
 @pytest.mark.parametrize("pred", ["", "the", "...", "  "])

@@ -204,7 +204,19 @@ def test_split_thinking(text, thinking, expected):
         ("So the city is \\boxed{Paris}.", "Paris"),
         ("\\boxed{ Paris }", "Paris"),
         ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
-        ("\\boxed{\\text{New {York} City}}", "\\text{New {York} City}"),
+        ("\\boxed{\\text{New {York} City}}", "New {York} City"),
+        ("\\boxed{\\text{Paris}}", "Paris"),
+        ("\\boxed{\\textbf{Marie Curie}}.", "Marie Curie"),
+        ("\\boxed{\\mathrm{1923}}", "1923"),
+        ("\\boxed{\\text{New\\ York}}", "New York"),
+        ("\\boxed{\\text{AT\\&T}}", "AT&T"),
+        ("\\boxed{\\text{\\emph{Hamlet}} (1603)}", "Hamlet (1603)"),
+        ("\\boxed {Paris}", "Paris"),
+        ("\\boxed  {\\text{ Paris }}", "Paris"),
+        ("\\fbox{Paris}", "Paris"),
+        ("\\boxed{Rome} or rather \\fbox{Paris}", "Paris"),
+        ("\\boxed{\\text{}}", None),
+        ("\\boxed{\\text{Par", None),  # truncated inside the wrapper
         ("first \\boxed{Rome}, then on reflection \\boxed{Paris}", "Paris"),
         ("\\boxed{\\{1, 2\\}}", "\\{1, 2\\}"),
         ("no box at all", None),
@@ -212,7 +224,6 @@ def test_split_thinking(text, thinking, expected):
         ("\\boxed{A} and later \\boxed{B", None),  # the last box is the answer, and it is broken
         ("\\boxed{}", None),
         ("\\boxed Paris", None),
-        ("\\fbox{Paris}", None),
     ],
 )
 def test_parse_boxed_answer(output, expected):
@@ -232,6 +243,10 @@ def test_parse_boxed_answer(output, expected):
         ("the answer isn't in the memory", None),
         ("Therefore, the answer is", None),
         ("Therefore, the answer is **.**", None),
+        ("Therefore, the answer is\n\nParis", "Paris"),
+        ("The answer is:\n**Paris**.\nIt is in the memory.", "Paris"),
+        ("Therefore, the answer is \\boxed{\\text{Paris}}.", "Paris"),
+        ("Therefore, the answer is \\textbf{Paris}", "Paris"),
     ],
 )
 def test_parse_answer_is(output, expected):

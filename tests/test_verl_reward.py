@@ -95,7 +95,11 @@ def infmem_turns(
     return turns
 
 
-def record(memories, golds, *, num_chunks=6, stopped=True, prediction=None, **kw) -> TrajectoryRecord:
+CORRECT = object()  # record(): the final answer is the first gold
+
+
+def record(memories, golds, *, num_chunks=6, stopped=True, prediction=CORRECT, **kw) -> TrajectoryRecord:
+    prediction = golds[0] if prediction is CORRECT else prediction
     turns = infmem_turns(memories, num_chunks=num_chunks, stopped=stopped, prediction=prediction, **kw)
     return TrajectoryRecord(turns=turns, golds=golds)
 
@@ -163,10 +167,10 @@ def test_never_stopping_counts_the_distance_from_this_samples_own_last_write():
 @pytest.mark.parametrize(
     "gold, memory, found",
     [
-        ("no", "it is not known yet", False),
-        ("no", "a piano was mentioned", False),
-        ("no", "No, the two were not born in the same city.", True),
-        ("yes", "yesterday they met", False),
+        ("Nora", "it is not known yet who nor where", False),
+        ("Ian", "a pianist was mentioned", False),
+        ("Nora", "Nora, the two were not born in the same city.", True),
+        ("Yves", "Yvesterday they met", False),
         ("1", "there were 10 of them", False),
         ("1", "there was 1 winner", True),
     ],
@@ -175,11 +179,39 @@ def test_answer_in_memory_uses_word_boundaries(gold, memory, found):
     assert early_stop(record([memory], [gold])) == (1.0 if found else 0.0)
 
 
-def test_early_stop_can_be_gated_on_a_correct_final_answer():
-    memories = ["Paris"]
-    assert early_stop(record(memories, ["Paris"], prediction="Lyon"), require_correct=True) == 0.0
-    assert early_stop(record(memories, ["Paris"], prediction="Paris"), require_correct=True) == 1.0
-    assert early_stop(record(memories, ["Paris"], prediction="Lyon")) == 1.0  # ungated
+@pytest.mark.parametrize(
+    "gold, memory",
+    [
+        ("no", "No relevant information in this chunk."),
+        ("yes", "Yes, both were born in Ohio; still missing: the second film's director."),
+        ("No.", "There is no mention of the second band yet."),
+    ],
+)
+def test_yes_no_golds_never_count_as_found_in_memory(gold, memory):
+    # Ordinary English holds "yes" and "no": finding them says nothing about the answer.
+    assert early_stop(record([memory], [gold]), gate="none") == 0.0
+    # Another gold of the same question is still looked for.
+    assert early_stop(record([memory + " Ohio."], [gold, "Ohio"]), gate="none") == 1.0
+
+
+def test_a_wrong_answer_after_an_early_stop_earns_no_early_stop_reward_by_default():
+    memories = ["nothing yet", "the capital is Paris"]
+    assert early_stop(record(memories, ["Paris"], prediction="Lyon")) == 0.0
+    assert early_stop(record(memories, ["Paris"], prediction=None)) == 0.0  # no answer at all
+    assert early_stop(record(memories, ["Paris"], prediction="Paris")) == 1.0
+    assert early_stop(record(memories, ["Paris"], prediction="Lyon"), gate="none") == 1.0  # the reference's
+
+
+def test_the_f1_gate_pays_a_partly_right_answer_and_bad_gates_are_refused():
+    memories = ["Jean-Paul Sartre wrote it"]
+    partly = record(memories, ["Jean-Paul Sartre"], prediction="Sartre")  # F1 2/3, EM 0
+    assert early_stop(partly) == 0.0
+    assert early_stop(partly, gate="f1", gate_min=0.5) == 1.0
+    assert early_stop(partly, gate="f1", gate_min=0.7) == 0.0
+    with pytest.raises(ValueError, match="gate: expected 'none' or one of"):
+        early_stop(partly, gate="bleu")
+    with pytest.raises(ValueError, match="gate_min"):
+        early_stop(partly, gate="f1", gate_min=0)
 
 
 # ---------------------------------------------------------------------------------- protocol
@@ -294,16 +326,55 @@ async def test_manager_sums_weighted_components_over_the_whole_trajectory(compos
     wrong = dict(GOOD, prediction="Lyon")
     late = await score(config, tokenizer, infmem_turns(**wrong, invalid_prethink=0), "\\boxed{Lyon}")
     info_late = late.extra_fields["reward_extra_info"]
-    assert late.reward_score == pytest.approx(0.6 * 0 + 0.6 * 1 + 1.0 * 0.5)
+    assert late.reward_score == pytest.approx(0.6 * 0 + 0.6 * 0 + 1.0 * 0.5)  # wrong: no early-stop reward
     assert info_late.keys() == info.keys()  # verl stacks these across trajectories
 
 
-async def test_gated_preset_and_outcome_only_preset(compose_config, tokenizer):
+async def test_the_default_reward_pays_no_early_stop_to_a_wrong_answer_and_the_reference_preset_does(
+    compose_config, tokenizer
+):
     wrong = infmem_turns(**dict(GOOD, prediction="Lyon"))
-    gated = await score(compose_config("reward_fn=infmem_gated"), tokenizer, wrong, "\\boxed{Lyon}")
-    assert gated.reward_score == pytest.approx(1.0)  # protocol only: early stop needs a correct answer
+    default = await score(compose_config(), tokenizer, wrong, "\\boxed{Lyon}")
+    assert default.reward_score == pytest.approx(1.0)  # protocol only
+    ungated = await score(compose_config("reward_fn=infmem_ungated"), tokenizer, wrong, "\\boxed{Lyon}")
+    assert ungated.reward_score == pytest.approx(0.6 * 0 + 0.6 * 1 + 1.0)
+    partly = infmem_turns(**dict(GOOD, prediction="Paris France"))  # F1 2/3
+    f1_gated = await score(compose_config("reward_fn=infmem_f1_gated"), tokenizer, partly, "\\boxed{Paris France}")
+    assert f1_gated.reward_score == pytest.approx(0.6 * 0 + 0.6 * 1 + 1.0)
     plain = await score(compose_config("reward_fn=outcome_f1"), tokenizer, infmem_turns(**GOOD), "\\boxed{Paris}")
     assert plain.reward_score == 1.0 and set(plain.extra_fields["reward_extra_info"]) >= {"acc", "outcome", "f1"}
+
+
+async def test_stuffing_the_memory_and_stopping_at_once_does_not_outscore_reading_on_and_answering(
+    compose_config, tokenizer
+):
+    """GRPO ranks the trajectories of a group: the gamed one must not rank above honest ones."""
+    golds = ("Marie Curie",)
+    reading = [f"Chunk {i}: the prize committee is mentioned, not yet the laureate." for i in range(8)]
+    trajectories = {  # name -> (memories, stopped, answer)
+        "stuffed": (["Candidates: Marie Curie, Pierre Curie, Lise Meitner, Niels Bohr, Emmy Noether."], True, "Lise Meitner"),
+        "honest_right": (reading + ["The 1911 chemistry laureate was Marie Curie."] * 4, False, "Marie Curie"),
+        # Right, but the memory words the name otherwise: no early-stop reward under any gate.
+        "honest_right_paraphrased": (reading + ["The 1911 laureate: Curie, Marie (born Sklodowska)."] * 4, False, "Marie Curie"),
+        "honest_wrong": (reading + ["The 1911 laureate is not named in the text read."] * 4, False, "Lise Meitner"),
+    }  # fmt: skip
+    rewards: dict[str, dict[str, float]] = {}
+    for preset in ("infmem", "infmem_ungated"):
+        config = compose_config(f"reward_fn={preset}")
+        rewards[preset] = {}
+        for name, (memories, stopped, answer) in trajectories.items():
+            turns = infmem_turns(memories, num_chunks=12, stopped=stopped, prediction=answer)
+            rewards[preset][name] = (await score(config, tokenizer, turns, f"\\boxed{{{answer}}}", golds)).reward_score
+    default = rewards["infmem"]
+    assert default["stuffed"] == pytest.approx(1.0)  # protocol only
+    assert default["honest_right"] == pytest.approx(0.6 + 0.6 * 0.6**3 + 1.0)  # found at Write 8 of 12: d = 4
+    assert default["honest_right_paraphrased"] == pytest.approx(0.6 + 1.0)
+    assert default["honest_wrong"] == default["stuffed"]  # stuffing gains nothing
+    # The reference's ungated term pays the stuffed wrong answer as much as a right answer, and
+    # 0.6 more than an honest failure: the gradient pushes towards stuffing and stopping.
+    reference = rewards["infmem_ungated"]
+    assert reference["stuffed"] == pytest.approx(0.6 + 1.0) == reference["honest_right_paraphrased"]
+    assert reference["stuffed"] == pytest.approx(reference["honest_wrong"] + 0.6)
 
 
 async def test_custom_reward_function_scores_the_outcome(compose_config, tokenizer, tmp_path):

@@ -8,6 +8,7 @@ out of range.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -63,6 +64,10 @@ class RetrievalConfig:
     scope: Literal["document", "read_prefix"] = "document"
     # Drop units that overlap the chunk being written (the writer sees that text anyway).
     exclude_current_chunk: bool = False
+    # How text becomes terms: "words" (lowercased word tokens, punctuation split off; stemming and
+    # stopwords below) or "whitespace" (the paper-era reference: lower().split(), punctuation
+    # glued to words, no stemming or stopwords).
+    analyzer: Literal["words", "whitespace"] = "words"
     top_k_min: int = 1
     top_k_max: int = 8
     top_k_default: int = 4
@@ -82,6 +87,7 @@ class RetrievalConfig:
     def validate(self, path: str = "retrieval") -> None:
         _check(self.backend in ("sparse", "rank_bm25"), f"{path}.backend", "'sparse' or 'rank_bm25'", self.backend)
         _check(self.scope in ("document", "read_prefix"), f"{path}.scope", "'document' or 'read_prefix'", self.scope)
+        _check(self.analyzer in ("words", "whitespace"), f"{path}.analyzer", "'words' or 'whitespace'", self.analyzer)
         _check(self.top_k_min >= 1, f"{path}.top_k_min", "an integer >= 1", self.top_k_min)
         _check(self.top_k_max >= self.top_k_min, f"{path}.top_k_max", f">= top_k_min={self.top_k_min}", self.top_k_max)
         _check(
@@ -95,6 +101,36 @@ class RetrievalConfig:
         _check(self.rerank_candidates >= 1, f"{path}.rerank_candidates", "an integer >= 1", self.rerank_candidates)
         _check(self.cache_size >= 1, f"{path}.cache_size", "an integer >= 1", self.cache_size)
         _check(self.evidence_tokens >= 0, f"{path}.evidence_tokens", "an integer >= 0", self.evidence_tokens)
+
+
+@dataclass
+class ControllerConfig:
+    """The PreThink controller's output grammar, and two rules of the reference's parser that a
+    model trained with them may need (both off: they let text that is not an action act).
+
+    ``grammar``: ``"tool_call"`` (ours: one Qwen3-native ``<tool_call>`` JSON call) or
+    ``"qwen_agent"`` (the InfMem code's: a Qwen-Agent call ``✿FUNCTION✿: <function_name>`` then
+    ``✿ARGS✿: {"query": ..., "top_k": ...}``, or the word ``STOP``; the tool description then
+    comes from the PreThink template's system message, see ``prompt_templates``).
+    """
+
+    grammar: Literal["tool_call", "qwen_agent"] = "tool_call"
+    # Name of the retrieve function in the qwen_agent grammar (the one the model was trained on).
+    function_name: str = "retrieve"
+    # The reference's rule: the substring STOP anywhere in the response, thinking included, stops.
+    stop_anywhere: bool = False
+    # The reference's rule: an output with no call counts as a stop vote (restarting the count of
+    # consecutive votes, as its harness did); off, it is a protocol error.
+    no_call_stops: bool = False
+
+    def validate(self, path: str = "controller") -> None:
+        _check(self.grammar in ("tool_call", "qwen_agent"), f"{path}.grammar", "'tool_call' or 'qwen_agent'", self.grammar)
+        _check(
+            bool(re.fullmatch(r"[A-Za-z_][\w.-]*", self.function_name)),
+            f"{path}.function_name",
+            "a function name (letters, digits, _ . -)",
+            self.function_name,
+        )
 
 
 @dataclass
@@ -145,6 +181,10 @@ class AgentConfig:
     # What an unparsable controller output does: "continue" reads the next chunk without
     # retrieval, "retrieve_question" retrieves with the question as query and top_k_default.
     invalid_action: Literal["continue", "retrieve_question"] = "continue"
+    controller: ControllerConfig = field(default_factory=ControllerConfig)
+    # A YAML/JSON file of prompt templates replacing built-in prompts (agent/templates.py), for a
+    # checkpoint trained with other prompts; None: the built-in prompts.
+    prompt_templates: str | None = None
     # Final answer format: "boxed" (\boxed{...}, used everywhere by default) or "answer_is"
     # ("Therefore, the answer is ...", the reference evaluation's format).
     answer_format: Literal["boxed", "answer_is"] = "boxed"
@@ -161,6 +201,19 @@ class AgentConfig:
     def validate(self) -> "AgentConfig":
         self.document.validate("document")
         self.retrieval.validate("retrieval")
+        self.controller.validate("controller")
+        templates = {}
+        if self.prompt_templates is not None:
+            _check(isinstance(self.prompt_templates, str), "prompt_templates", "a file path or null", self.prompt_templates)
+            from .templates import load_templates  # templates.py imports this module
+
+            templates = load_templates(self.prompt_templates)  # ConfigError naming the file, kind and slot
+        _check(
+            self.controller.grammar == "tool_call" or "prethink" in templates,
+            "prompt_templates",
+            "a file with a prethink template describing the qwen_agent grammar (controller.grammar=qwen_agent)",
+            self.prompt_templates,
+        )
         _check(
             self.thinking_mode in ("two_stage", "single_pass"),
             "thinking_mode",

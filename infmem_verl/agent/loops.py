@@ -14,7 +14,7 @@ from .cache import DocumentCache, PreparedDocument
 from .config import AgentConfig
 from .memory import Memory, update_memory
 from .policy import Policy
-from .protocol import HistoryEntry, PromptBuilder, parse_action, parse_answer
+from .protocol import HistoryEntry, PromptBuilder, ThinkSplit, decide_action, parse_answer
 from .trajectory import FLAG_INVALID_ACTION, FLAG_NO_ANSWER, FLAG_TOPK_CLAMPED, Action, Trajectory, Turn
 from .turns import TurnRunner
 
@@ -132,9 +132,9 @@ class InfMemAgent(AgentLoop):
             allowed &= unit_chunk != chunk
         return allowed
 
-    def _decide(self, output: str, closed: bool, question: str) -> Action:
+    def _decide(self, split: ThinkSplit, question: str) -> Action:
         retrieval = self.cfg.retrieval
-        action = parse_action(output, retrieval) if closed else Action("continue", valid=False, reason="thinking never closed")
+        action = decide_action(split, self.cfg)
         if not action.valid and self.cfg.invalid_action == "retrieve_question":
             return Action("retrieve", query=question, top_k=retrieval.top_k_default, valid=False, reason=action.reason)
         return action
@@ -147,7 +147,7 @@ class InfMemAgent(AgentLoop):
         for chunk in range(num_chunks):
             prompt = self.builder.prethink(question_ids, memory.ids, history, chunk, num_chunks)
             result = await runner.call("prethink", self.cfg.prethink, prompt, chunk)
-            action = self._decide(result.split.output, result.split.closed, question)
+            action = self._decide(result.split, question)
             turn = result.turn
             turn.action = action
             turn.valid = action.valid
@@ -159,7 +159,7 @@ class InfMemAgent(AgentLoop):
                 turn.flags.append(FLAG_TOPK_CLAMPED)
             turns.append(turn)
             if action.kind == "stop":
-                votes += 1
+                votes = 1 if action.restarts_votes else votes + 1
                 if votes >= self.cfg.stop_votes:
                     return memory, chunk
             else:

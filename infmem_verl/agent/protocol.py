@@ -52,6 +52,11 @@ identical; otherwise the difference is confined to at most 2 tokens on each side
 boundary. Retrieved passages are slots of their own, so the same holds around each
 ``[Retrieved #i]`` label.
 
+User templates (``prompt_templates``, :mod:`infmem_verl.agent.templates`) replace the built-in
+messages of the kinds they name and are assembled the same way; the decoded prompt is again
+exactly the chat template's text, and the ids differ from whole-text tokenization only at slot
+boundaries (by more than the two tokens above only where a template glues a slot to a word).
+
 Prompt budgets: a prompt never exceeds its ``prompt_tokens``. Retrieved evidence is first capped
 at ``retrieval.evidence_tokens``; when the Write prompt is still too long, evidence is shortened
 further (lowest-ranked passages dropped from the end, then the last kept one cut), then the chunk
@@ -70,8 +75,9 @@ from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
 
-from infmem_verl.agent.config import AgentConfig, RetrievalConfig
+from infmem_verl.agent.config import AgentConfig, ControllerConfig, RetrievalConfig
 from infmem_verl.agent.document import split_safe
+from infmem_verl.agent.templates import load_templates
 from infmem_verl.agent.trajectory import FLAG_CHUNK_SHORTENED, FLAG_EVIDENCE_SHORTENED, Action
 
 THINK_START = "<think>"
@@ -80,6 +86,13 @@ TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
 RETRIEVE_TOOL = "retrieve"
 STOP_TOOL = "stop"
+# The qwen_agent grammar (controller.grammar): Qwen-Agent's function-call markers and the stop word.
+QWEN_FUNCTION = "\u273fFUNCTION\u273f"
+QWEN_ARGS = "\u273fARGS\u273f"
+STOP_WORD = "STOP"
+_QWEN_CALL = re.compile(
+    rf"{QWEN_FUNCTION}:(?P<name>[^\n]*)\n[ \t]*{QWEN_ARGS}:(?P<args>.*?)\s*(?:\u273f(?:RESULT|RETURN)\u273f.*)?\Z", re.DOTALL
+)
 
 # Slot texts used when a slot has nothing to show. They start and end with a letter so that
 # they tokenize the same inside and outside the template (see the module docstring).
@@ -145,25 +158,90 @@ class _ProtocolError(Exception):
     """A PreThink output broke the action grammar; the message is the reason recorded."""
 
 
-def parse_action(output: str, cfg: RetrievalConfig) -> Action:
+class _NoCall(_ProtocolError):
+    """The output holds no call at all (what ``controller.no_call_stops`` counts as a stop vote)."""
+
+
+def parse_action(output: str, cfg: RetrievalConfig, controller: ControllerConfig | None = None) -> Action:
     """The controller's action from the text after ``</think>``; never raises on a string.
 
-    A protocol error yields ``Action(kind="continue", valid=False, reason=...)``.
+    ``controller`` picks the grammar (ours by default, see the module docstring; ``qwen_agent``:
+    :func:`_qwen_agent_call`). A protocol error yields ``Action(kind="continue", valid=False,
+    reason=...)``; an output without any call does too, unless ``controller.no_call_stops``
+    makes it a stop vote.
     """
+    controller = controller or ControllerConfig()
     try:
+        if controller.grammar == "qwen_agent":
+            call = _qwen_agent_call(output, controller.function_name)
+            return Action(kind="stop") if call is None else _action_from_call(call, cfg)
         return _action_from_call(_single_tool_call(output), cfg)
+    except _NoCall as err:
+        if controller.no_call_stops:
+            return Action(kind="stop", reason=f"{err}: a stop vote (no_call_stops)", restarts_votes=True)
+        return Action(kind="continue", valid=False, reason=str(err))
     except _ProtocolError as err:
         return Action(kind="continue", valid=False, reason=str(err))
+
+
+def decide_action(split: ThinkSplit, cfg: AgentConfig) -> Action:
+    """The controller's action from a whole PreThink response, under ``cfg.controller``.
+
+    With ``stop_anywhere`` (the reference's rule, off by default) the word STOP anywhere in the
+    response, thinking included, is a stop whatever else it says. Otherwise a response whose
+    thinking never closed has no action; the rest goes to :func:`parse_action`.
+    """
+    if cfg.controller.stop_anywhere and STOP_WORD in f"{split.thinking}\n{split.output}":
+        return Action(kind="stop", reason="STOP in the response (stop_anywhere)")
+    if not split.closed:
+        return Action(kind="continue", valid=False, reason="thinking never closed")
+    return parse_action(split.output, cfg.retrieval, cfg.controller)
+
+
+def _qwen_agent_call(output: str, function_name: str) -> dict[str, Any] | None:
+    """The call in a Qwen-Agent-style output, as ``{"name", "arguments"}``; None for STOP.
+
+    The output must be exactly the word ``STOP``, or exactly one call::
+
+        ✿FUNCTION✿: <function_name>
+        ✿ARGS✿: {"query": "...", "top_k": 4}
+
+    whose arguments are a JSON object (a code fence around it is allowed). Text from a
+    ``✿RESULT✿`` / ``✿RETURN✿`` marker on is ignored: it is the model imagining the tool's reply.
+    """
+    text = output.strip()
+    if text == STOP_WORD:
+        return None
+    if not text:
+        raise _NoCall("empty output")
+    if QWEN_FUNCTION not in text:
+        raise _ProtocolError("STOP with other text") if STOP_WORD in text else _NoCall("no function call")
+    if text.count(QWEN_FUNCTION) > 1:
+        raise _ProtocolError("more than one function call")
+    call = _QWEN_CALL.match(text)
+    if call is None:
+        raise _ProtocolError(f"text before the function call, or no {QWEN_ARGS} line after it")
+    name = call["name"].strip()
+    if name != function_name:
+        raise _ProtocolError(f"unknown function {_clip(repr(name))}")
+    body = call["args"].strip()
+    fence = re.fullmatch(r"```[a-z]*\s*(.*?)\s*```", body, re.DOTALL)
+    body = fence.group(1) if fence else body
+    try:
+        arguments = json.loads(body, object_pairs_hook=_unique_keys, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as err:
+        raise _ProtocolError(f"invalid JSON in {QWEN_ARGS}: {_clip(str(err))}") from None
+    return {"name": RETRIEVE_TOOL, "arguments": arguments}
 
 
 def _single_tool_call(output: str) -> Any:
     """The decoded JSON of the one tool call that must make up ``output``."""
     text = output.strip()
     if not text:
-        raise _ProtocolError("empty output")
+        raise _NoCall("empty output")
     opens, closes = text.count(TOOL_CALL_OPEN), text.count(TOOL_CALL_CLOSE)
     if opens == 0:
-        raise _ProtocolError("no tool call")
+        raise _NoCall("no tool call")
     if opens > 1 or closes > 1:
         raise _ProtocolError("more than one tool call")
     if not text.startswith(TOOL_CALL_OPEN):
@@ -225,7 +303,16 @@ def _clip(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-_BOXED = "\\boxed{"
+# A box around the final answer: \boxed{...} or \fbox{...}, spaces allowed before the brace.
+_BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
+# Commands whose argument is the text itself (\text{Paris}); unwrapped inside an answer.
+_TEXT_WRAPPERS = re.compile(
+    r"\\(?:text|textbf|textit|textrm|textsf|texttt|textnormal|mathrm|mathbf|mathit|mathsf|mathtt|"
+    r"mathbb|mathcal|emph|mbox|operatorname|boxed|fbox)\s*\{"
+)
+# LaTeX spacing commands and escaped characters, as plain text.
+_LATEX_ESCAPES = {"\\ ": " ", "\\,": " ", "\\;": " ", "\\:": " ", "\\!": "",
+                  "\\&": "&", "\\%": "%", "\\$": "$", "\\#": "#", "\\_": "_"}  # fmt: skip
 _ANSWER_IS = re.compile(r"\bthe answer is\b", re.IGNORECASE)
 # Decoration models put around a final answer: markdown bold, quotes, a colon after "is".
 _ANSWER_EDGES = " \t*\"'`:\u201c\u201d\u2018\u2019"
@@ -234,25 +321,29 @@ _ANSWER_EDGES = " \t*\"'`:\u201c\u201d\u2018\u2019"
 def parse_answer(output: str, answer_format: str) -> str | None:
     """The final answer in ``output`` (the text after ``</think>``), or None when there is none.
 
-    ``"boxed"``: the content of the last ``\\boxed{...}``, braces matched (nested and
-    backslash-escaped braces allowed); None when absent, unbalanced (e.g. truncated) or empty.
-    ``"answer_is"``: the rest of the line after the last case-insensitive "the answer is",
-    stripped of surrounding ``*``, quotes, whitespace and a trailing period; None when absent or
-    empty.
+    ``"boxed"``: the content of the last ``\\boxed{...}`` or ``\\fbox{...}`` (``\\boxed {...}``
+    too), braces matched (nested and backslash-escaped braces allowed); None when absent,
+    unbalanced (e.g. truncated) or empty.
+    ``"answer_is"``: the text after the last case-insensitive "the answer is": the rest of its
+    line, or the next non-empty line when the phrase ends a line; stripped of surrounding ``*``,
+    quotes, whitespace and a trailing period; None when absent or empty.
+    Either way, text commands are unwrapped (``\\text{Paris}``, ``\\textbf{...}``,
+    ``\\mathrm{...}``, a box after "the answer is") and LaTeX spaces and escapes read as text, so
+    ``\\boxed{\\text{New\\ York}}`` is "New York"; mathematics (``\\frac{1}{2}``) stays as written.
     """
     if answer_format == "boxed":
-        return _last_boxed(output)
-    if answer_format == "answer_is":
-        return _after_answer_is(output)
-    raise ValueError(f"answer_format: expected 'boxed' or 'answer_is', got {answer_format!r}")
+        found = _last_boxed(output)
+    elif answer_format == "answer_is":
+        found = _after_answer_is(output)
+    else:
+        raise ValueError(f"answer_format: expected 'boxed' or 'answer_is', got {answer_format!r}")
+    return None if found is None else (_plain_answer(found) or None)
 
 
-def _last_boxed(text: str) -> str | None:
-    start = text.rfind(_BOXED)
-    if start < 0:
-        return None
-    begin = pos = start + len(_BOXED)
-    depth = 1
+def _braced(text: str, begin: int) -> int | None:
+    """The index of the brace closing the group that starts at ``begin`` (just after its
+    opening brace), or None when the group never closes."""
+    depth, pos = 1, begin
     while pos < len(text):
         char = text[pos]
         if char == "\\":  # \{ and \} are literal braces in LaTeX; skip the escaped character
@@ -263,23 +354,56 @@ def _last_boxed(text: str) -> str | None:
         elif char == "}":
             depth -= 1
             if depth == 0:
-                return text[begin:pos].strip() or None
+                return pos
         pos += 1
     return None
 
 
-def _after_answer_is(text: str) -> str | None:
+def _last_match(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
     last = None
-    for last in _ANSWER_IS.finditer(text):
+    for last in pattern.finditer(text):
         pass
+    return last
+
+
+def _last_boxed(text: str) -> str | None:
+    opened = _last_match(_BOX_OPEN, text)
+    if opened is None:
+        return None
+    end = _braced(text, opened.end())
+    return None if end is None else text[opened.end() : end].strip() or None
+
+
+def _plain_answer(text: str) -> str:
+    """``text`` with its text commands unwrapped and LaTeX escapes read (see :func:`parse_answer`)."""
+    while (wrapper := _TEXT_WRAPPERS.search(text)) is not None:
+        end = _braced(text, wrapper.end())
+        if end is None:  # an unclosed wrapper: keep the rest as it is
+            break
+        text = text[: wrapper.start()] + text[wrapper.end() : end] + text[end + 1 :]
+    for escape, plain in _LATEX_ESCAPES.items():
+        text = text.replace(escape, plain)
+    return " ".join(text.split())
+
+
+def _after_answer_is(text: str) -> str | None:
+    last = _last_match(_ANSWER_IS, text)
     if last is None:
         return None
-    answer = text[last.end() :].split("\n", 1)[0]
+    # The rest of the phrase's line, or ("The answer is:\n\n**Paris**") the next line that says something.
+    for line in text[last.end() :].split("\n"):
+        answer = _strip_edges(line)
+        if answer:
+            return answer
+    return None
+
+
+def _strip_edges(answer: str) -> str:
     previous = None
     while answer != previous:  # "**Paris**." needs the period and the stars removed in turn
         previous = answer
         answer = answer.strip(_ANSWER_EDGES).removesuffix(".")
-    return answer or None
+    return answer
 
 
 # --------------------------------------------------------------------------------------------
@@ -495,6 +619,8 @@ class PromptBuilder:
             "write_infmem": _writer_instructions(cfg.memory_tokens, with_evidence=True),
             "answer": _answer_instructions(cfg.answer_format),
         }
+        # Kinds a user template file replaces (cfg.prompt_templates); the others are built in.
+        self._user_templates = load_templates(cfg.prompt_templates) if cfg.prompt_templates else {}
         self._templates = {kind: self._compile(kind) for kind in _LAYOUT}
         self._empty_memory_ids = self.encode(EMPTY_MEMORY_TEXT)
         self._no_evidence_ids = self.encode(NO_EVIDENCE_TEXT)
@@ -542,6 +668,8 @@ class PromptBuilder:
 
     def chat_messages(self, kind: PromptKind, slots: Mapping[str, str]) -> list[dict[str, str]]:
         """The chat messages of prompt ``kind`` with ``slots`` (slot name -> text) filled in."""
+        if kind in self._user_templates:
+            return self._user_templates[kind].messages(slots)
         sections = [f"<{tag}>\n{slots[slot]}\n</{tag}>" for tag, slot in _LAYOUT[kind]]
         content = "\n\n".join([self._instructions[kind], *sections])
         return [{"role": "user", "content": content}]
@@ -552,7 +680,8 @@ class PromptBuilder:
             raise ValueError("tokenizer: expected a tokenizer with a chat template, it has none")
         return self.tokenizer.apply_chat_template(
             self.chat_messages(kind, slots),
-            tools=self.tools if kind == "prethink" else None,
+            # The qwen_agent grammar's tool description is the template's system message.
+            tools=self.tools if kind == "prethink" and self.cfg.controller.grammar == "tool_call" else None,
             tokenize=False,
             add_generation_prompt=True,
             enable_thinking=self.cfg.thinking,

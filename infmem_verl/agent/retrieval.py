@@ -26,6 +26,7 @@ import numpy as np
 import scipy.sparse
 
 from infmem_verl.agent.config import RetrievalConfig
+from infmem_verl.agent.whitespace import WhitespaceAnalyzer
 
 # Words: runs of letters/digits of any script, except CJK (handled below); anything else
 # (punctuation, underscore, whitespace) separates words, so "Paris," and "paris" match.
@@ -265,7 +266,7 @@ class BM25Index:
         if len(unit_texts) == 0:
             raise ValueError("unit_texts: expected at least one retrieval unit, got an empty sequence")
         cfg.validate("retrieval")  # ConfigError naming the field (backend, k1, b, ...)
-        analyzer = get_analyzer(cfg.stem, cfg.stopwords)
+        analyzer = WhitespaceAnalyzer() if cfg.analyzer == "whitespace" else get_analyzer(cfg.stem, cfg.stopwords)
         unit_terms = (analyzer.analyze(text) for text in unit_texts)
         scorer = _BACKENDS[cfg.backend](unit_terms, k1=cfg.k1, b=cfg.b)
         return cls(unit_texts, analyzer, scorer, cfg)

@@ -34,7 +34,8 @@ class Action:
     ``kind`` is ``"retrieve"``, ``"stop"`` or ``"continue"`` (read on without retrieval: the
     fallback for invalid outputs under ``invalid_action="continue"``). ``valid`` is False when the
     output did not follow the grammar and ``reason`` says why; ``clamped`` marks an integer top_k
-    that was moved into the configured range.
+    that was moved into the configured range; ``restarts_votes`` marks a stop vote that restarts
+    the count of consecutive votes at 1 (a no-call output under ``controller.no_call_stops``).
     """
 
     kind: Literal["retrieve", "stop", "continue"]
@@ -43,6 +44,7 @@ class Action:
     valid: bool = True
     reason: str = ""
     clamped: bool = False
+    restarts_votes: bool = False
 
 
 @dataclass

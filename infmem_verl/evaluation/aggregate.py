@@ -5,6 +5,10 @@ never scored 0. Its 95% confidence interval is Wilson's score interval, which st
 [0, 1] and is honest for the small cells (a few hundred samples, often near 0 or 1) evaluation
 has. Wall time is the span from the first start to the last finish of the cell's samples within
 one run, summed over the runs that contributed (a resumed cell is the sum of its parts).
+
+With ``--repeats K`` a cell holds K scored runs per question: the accuracy and its Wilson
+interval pool all of them, and each accuracy is also computed per repeat, whose mean and
+standard deviation (over the K repeats) show how much sampling moves the score.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ class CellStats:
     method: str
     n: int  # samples scored
     failed: int
-    acc: float | None  # ours: gold-in-prediction sub-EM over all golds
+    acc: float | None  # ours: whole-word gold-in-prediction over all golds
     acc_ci: tuple[float, float]
     acc_ref: float | None  # the papers': two-way sub-EM against the first gold
     acc_ref_ci: tuple[float, float]
@@ -56,6 +60,12 @@ class CellStats:
     wall_s: float
     failure_reasons: list[str] = field(default_factory=list)
     published: PublishedNumber | None = None
+    # Accuracy of each repeat (index = repeat), both protocols; one entry without --repeats.
+    acc_by_repeat: list[float] = field(default_factory=list)
+    acc_ref_by_repeat: list[float] = field(default_factory=list)
+    # What the cell's documents are: documents per context and tokens (the model's tokenizer).
+    num_docs: tuple[int, int] | None = None  # (min, max)
+    doc_tokens: tuple[float, int, int] | None = None  # (mean, min, max)
 
     @property
     def tokens(self) -> int:
@@ -100,7 +110,35 @@ def _cell(key: tuple[str, str, str], rows: list[dict[str, Any]], backbone: str) 
         wall_s=_wall(rows),
         failure_reasons=reasons[:3],
         published=lookup(backbone, dataset, length, method),
+        acc_by_repeat=_by_repeat(ok, "acc"),
+        acc_ref_by_repeat=_by_repeat(ok, "acc_ref"),
+        num_docs=_span(_values(ok, "num_docs")),
+        doc_tokens=_mean_span(_values(ok, "doc_tokens")),
     )
+
+
+def repeat_spread(values: Sequence[float]) -> tuple[float, float] | None:
+    """Mean and sample standard deviation of per-repeat accuracies; None for fewer than two."""
+    if len(values) < 2:
+        return None
+    return float(np.mean(values)), float(np.std(values, ddof=1))
+
+
+def _by_repeat(rows: Sequence[dict[str, Any]], name: str) -> list[float]:
+    """The mean of ``name`` over the rows of each repeat, in repeat order."""
+    groups: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        groups[row.get("repeat", 0)].append(row)
+    means = (_mean(_values(groups[r], name)) for r in sorted(groups))
+    return [m for m in means if m is not None]
+
+
+def _span(values: np.ndarray) -> tuple[int, int] | None:
+    return (int(values.min()), int(values.max())) if len(values) else None
+
+
+def _mean_span(values: np.ndarray) -> tuple[float, int, int] | None:
+    return (float(values.mean()), int(values.min()), int(values.max())) if len(values) else None
 
 
 def _values(rows: Sequence[dict[str, Any]], name: str) -> np.ndarray:

@@ -7,7 +7,7 @@ to run and where. Three presets:
 - ``embedded``: the no-argument run: tiny budgets and short synthetic documents for the tiny
   in-process model, so ``python -m infmem_verl.eval`` finishes in about a minute anywhere;
 - ``default``: our protocol (spec §8.3): the agent core's budgets, ``\\boxed{}`` answers, greedy
-  decoding; headline accuracy = gold-in-prediction sub-EM against **all** golds;
+  decoding; headline accuracy = whole-word gold-in-prediction against **all** golds;
 - ``reference``: the papers' evaluation protocol for like-for-like comparison (spec §2.6, §6.3):
   two-stage thinking of 1024 + 1024 tokens per call, "Therefore, the answer is" answers, greedy
   decoding, top-4 retrieval over the whole document; headline accuracy = two-way sub-EM against
@@ -15,6 +15,10 @@ to run and where. Three presets:
 
 Both accuracies are computed for every sample whatever the preset; the preset only picks the one
 the report leads with.
+
+Variants (``--variant``, any number, applied in order on top of the preset and before ``--set``)
+reproduce the protocols other checkpoints were trained or evaluated with: the paper-era retrieval
+and the MemAgent baseline's two budget regimes (:data:`VARIANTS`).
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ PRESETS: dict[str, Preset] = {
         "default",
         dict(_GREEDY),
         "ours",
-        "our protocol: agent-core budgets, \\boxed{} answers, greedy; accuracy = gold-in-prediction sub-EM over all golds",
+        "our protocol: agent-core budgets, \\boxed{} answers, greedy; accuracy = whole-word gold-in-prediction over all golds",
     ),
     "reference": Preset(
         "reference",
@@ -81,6 +85,47 @@ PRESETS: dict[str, Preset] = {
         "the papers' protocol: two-stage thinking 1024+1024, 'Therefore, the answer is', greedy, top-4 BM25; "
         "accuracy = two-way sub-EM against the first gold",
     ),
+}
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    agent: Mapping[str, Any]  # agent_config overrides
+    description: str
+
+
+VARIANTS: dict[str, Variant] = {
+    v.name: v
+    for v in (
+        Variant(
+            "paper_retrieval",
+            {
+                "document": {"unit_tokens": 500, "unit_overlap": 0},
+                "retrieval": {"backend": "rank_bm25", "analyzer": "whitespace", "k1": 1.5, "b": 0.75, "stem": False,
+                              "stopwords": False, "top_k_min": 4, "top_k_max": 4, "top_k_default": 4},
+            },  # fmt: skip
+            "the paper-era retrieval of the reference's evaluation: BM25Okapi (k1 1.5, b 0.75) over lower().split() "
+            "words, 500-token units without overlap, always the top 4",
+        ),
+        Variant(
+            "memagent_shared",
+            {
+                "thinking": True,
+                "thinking_mode": "single_pass",
+                "memory_tokens": 1024,
+                "write": {"thinking_tokens": 0, "output_tokens": 1024},
+                "answer": {"thinking_tokens": 0, "output_tokens": 1024},
+            },
+            "MemAgent as its Qwen3 baseline was trained: thinking and memory (or answer) share one 1024-token response",
+        ),
+        Variant(
+            "memagent_nothink",
+            {"thinking": False, "memory_tokens": 1024, "write": {"output_tokens": 1024}, "answer": {"output_tokens": 1024}},
+            "MemAgent with thinking off (as InfMem's paper ran the baseline, and the Qwen2.5-Instruct MemAgent "
+            "checkpoints): the whole response is the memory or the answer, 1024 tokens",
+        ),
+    )
 }
 
 
@@ -119,6 +164,8 @@ class EvalConfig:
     published_backbone: str = "qwen3-4b"
     retry_failed: RetryPolicy = "transient"
     progress: bool = True
+    repeats: int = 1  # samples per question and method (at a temperature > 0 they differ)
+    variants: list[str] = field(default_factory=list)  # VARIANTS applied on top of the preset
 
     def resolved_preset(self) -> Preset:
         name = self.preset or ("default" if self.source.endpoints else "embedded")
@@ -127,8 +174,13 @@ class EvalConfig:
         return PRESETS[name]
 
     def agent_config(self) -> AgentConfig:
-        """The preset's agent settings with ``agent`` overrides merged in, validated."""
-        return agent_config(merge(self.resolved_preset().agent, self.agent))
+        """The preset's agent settings, then the variants', then ``agent`` overrides, validated."""
+        settings = dict(self.resolved_preset().agent)
+        for name in self.variants:
+            if name not in VARIANTS:
+                raise ConfigError(f"variants: unknown variant {name!r}; expected some of {sorted(VARIANTS)}")
+            settings = merge(settings, VARIANTS[name].agent)
+        return agent_config(merge(settings, self.agent))
 
     def validate(self) -> EvalConfig:
         self.resolved_preset()
@@ -151,6 +203,8 @@ class EvalConfig:
         if self.context_window is not None and self.context_window < 256:
             raise ConfigError(f"context_window: expected an integer >= 256, got {self.context_window!r}")
         check_retry_policy(self.retry_failed)
+        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
+            raise ConfigError(f"repeats: expected an integer >= 1, got {self.repeats!r}")
         self.agent_config()
         return self
 

@@ -10,7 +10,7 @@ lengths). In a data folder each (dataset, length) is looked up under the referen
 (``data_prep.build`` writes the same): ``eval_qa_{k}_{tokens}.json`` for SQuAD (qa_1), HotpotQA
 (qa_2), MuSiQue (qa_3) and 2Wiki (qa_4), and for HotpotQA also the RULER-HQA ``eval_{docs}.json``
 whose document count the InfMem figure labels 32k ... 1m (200 ... 6400 documents) and the MemAgent
-table 7k ... 896k (50 ... 6400 documents).
+table 7k ... 3584k (50 ... 25600 documents).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ TASKS = {"squad": "qa_1", "hotpotqa": "qa_2", "musique": "qa_3", "2wiki": "qa_4"
 # RULER-HQA document counts by the length labels the two papers give them.
 HOTPOTQA_DOCS = {
     "7k": 50, "14k": 100, "28k": 200, "56k": 400, "112k": 800, "224k": 1600, "448k": 3200, "896k": 6400,
+    "1792k": 12800, "3584k": 25600,  # index contexts: pass --pool hotpotqa=<HotpotQA dev file>
     "32k": 200, "64k": 400, "128k": 800, "256k": 1600, "512k": 3200, "1m": 6400,
 }  # fmt: skip
 SYNTHETIC = "synthetic"
@@ -55,6 +56,7 @@ class CellSource:
     dataset: str
     length: str
     items: Callable[[], Iterator[Item]]
+    path: Path | None = None  # the file read (None: generated, or not found)
 
 
 def length_tokens(label: str) -> int:
@@ -84,7 +86,7 @@ def synthetic_sources(lengths: Sequence[str], samples: int, tokenizer, seed: int
 
 def file_source(dataset: str, length: str, path: Path, pool: Callable[[], Sequence[str] | None], limit: int | None) -> CellSource:
     """The samples of a published evaluation file (text or index contexts)."""
-    return CellSource(dataset, normalize_length(length), functools.partial(_file_items, dataset, path, pool, limit))
+    return CellSource(dataset, normalize_length(length), functools.partial(_file_items, dataset, path, pool, limit), path)
 
 
 def _file_items(dataset: str, path: Path, pool: Callable[[], Sequence[str] | None], limit: int | None) -> Iterator[Item]:

@@ -3,19 +3,23 @@
 Plots: accuracy against length (one line per method, one panel per dataset) and accuracy against
 wall time (one point per cell), both with the 95% interval. Accuracy is the preset's headline
 metric; the table shows both protocols' accuracies side by side, labelled, and the papers' number
-for the same cell where one exists.
+for the same cell where one exists. The report also says what each column measures, how the
+model decoded (temperature, top-p, repeats), and what each file holds: documents per context and
+their tokens under the model's tokenizer next to the length label (RULER-HotpotQA's 6,400
+documents are ~0.9M tokens, which InfMem's figure labels 1M).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
-from .aggregate import CellStats
+from .aggregate import CellStats, repeat_spread
 from .config import Preset
+from .data import length_tokens
 from .methods import METHOD_LABELS
 
-ACC_OURS = "acc (ours: gold in prediction, any gold)"
+ACC_OURS = "acc (ours: gold in prediction as whole words, any gold)"
 ACC_REF = "acc (papers: two-way sub-EM, first gold)"
 
 
@@ -24,15 +28,28 @@ def headline(stats: CellStats, preset: Preset) -> tuple[float | None, tuple[floa
     return (stats.acc, stats.acc_ci) if preset.headline == "ours" else (stats.acc_ref, stats.acc_ref_ci)
 
 
-def write_report(out_dir: Path, stats: Sequence[CellStats], preset: Preset, backbone: str, header: str) -> Path:
-    """Write ``report.md`` and the plots into ``out_dir``; return the report's path."""
+def write_report(
+    out_dir: Path,
+    stats: Sequence[CellStats],
+    preset: Preset,
+    backbone: str,
+    header: str,
+    decoding: str = "",
+    files: Mapping[tuple[str, str], str] | None = None,
+) -> Path:
+    """Write ``report.md`` and the plots into ``out_dir``; return the report's path.
+
+    ``decoding`` says how the model sampled; ``files`` maps (dataset, length) to the file read.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = plot_accuracy(out_dir, stats, preset)
     lines = ["# Evaluation report", "", header, "", f"Preset **{preset.name}**: {preset.description}.", ""]
-    label = ACC_OURS if preset.headline == "ours" else ACC_REF
-    lines += [f"Headline accuracy: {label}, in %, with its 95% Wilson interval. Failed samples are counted apart, never scored.", ""]
+    if decoding:
+        lines += [decoding, ""]
+    lines += column_legend(stats, preset)
     for dataset, table in dataset_tables(stats, preset, backbone).items():
         lines += [f"## {dataset}", "", *table, ""]
+    lines += document_table(stats, files or {})
     failures = [s for s in stats if s.failure_reasons]
     if failures:
         lines += ["## Failures", ""]
@@ -48,6 +65,65 @@ def write_report(out_dir: Path, stats: Sequence[CellStats], preset: Preset, back
     return path
 
 
+def _labels(preset: Preset) -> tuple[str, str]:
+    """The headline accuracy's label and the other one's."""
+    return (ACC_OURS, ACC_REF) if preset.headline == "ours" else (ACC_REF, ACC_OURS)
+
+
+def _repeated(stats: Sequence[CellStats]) -> bool:
+    return any(len(s.acc_by_repeat) > 1 for s in stats)
+
+
+def column_legend(stats: Sequence[CellStats], preset: Preset) -> list[str]:
+    """What each column of the tables measures."""
+    headline_label, other_label = _labels(preset)
+    repeats = ["- **mean ± std over repeats**: the headline accuracy computed separately for each "
+               "repeat, then the mean and sample standard deviation of those accuracies (number of repeats in brackets)"] if _repeated(stats) else []  # fmt: skip
+    return [
+        "Columns:",
+        "",
+        "- **n**: scored runs (questions × repeats); **failed**: runs that failed, counted apart, never scored",
+        f"- **acc % [95% CI]**: {headline_label}, with the 95% Wilson interval over all scored runs",
+        *repeats,
+        f"- **other acc %**: {other_label}",
+        "- **EM %**: exact match after SQuAD normalization, best over all golds; **F1 %**: token F1, best over all golds",
+        "- **latency**: seconds per question (mean / 95th percentile); **tokens / q**, **calls / q**: prompt + "
+        "completion tokens and LLM calls per question; **chunks read**: chunks written into memory (agents)",
+        "- **wall s**: first start to last finish of the cell, summed over runs; **published**: the paper's "
+        "number for this cell (its minutes where given)",
+        "",
+    ]
+
+
+def document_table(stats: Sequence[CellStats], files: Mapping[tuple[str, str], str]) -> list[str]:
+    """Documents per context and measured tokens of each (dataset, length), next to its label."""
+    cells: dict[tuple[str, str], CellStats] = {}
+    for s in stats:  # every method reads the same documents; keep the cell that measured most
+        best = cells.get((s.dataset, s.length))
+        if s.doc_tokens is not None and (best is None or s.n > best.n):
+            cells[(s.dataset, s.length)] = s
+    if not cells:
+        return []
+    rows = [["dataset", "length label (tokens)", "file", "documents per context", "tokens per context: mean (min-max)"]]
+    rows.append(["---"] * len(rows[0]))
+    for (dataset, length), s in cells.items():
+        mean, low, high = s.doc_tokens
+        docs = "-" if s.num_docs is None else _range(*s.num_docs)
+        rows.append([dataset, f"{length} ({length_tokens(length):,})", files.get((dataset, length), "-"), docs,
+                     f"{mean:,.0f} ≈ {_short(mean)} ({low:,}-{high:,})"])  # fmt: skip
+    return ["## Documents and tokens", "", "Tokens are counted with the evaluated model's tokenizer.", "",
+            *("| " + " | ".join(row) + " |" for row in rows), ""]  # fmt: skip
+
+
+def _range(low: int, high: int) -> str:
+    return f"{low:,}" if low == high else f"{low:,}-{high:,}"
+
+
+def _short(tokens: float) -> str:
+    """``896123`` -> ``896K``; ``1_750_000`` -> ``1.75M``."""
+    return f"{tokens / 1e6:.3g}M" if tokens >= 1e6 else f"{tokens / 1e3:.3g}K"
+
+
 def dataset_tables(stats: Sequence[CellStats], preset: Preset, backbone: str) -> dict[str, list[str]]:
     """The Markdown table of each dataset's cells, by dataset in order of first appearance."""
     datasets = dict.fromkeys(s.dataset for s in stats)
@@ -55,12 +131,15 @@ def dataset_tables(stats: Sequence[CellStats], preset: Preset, backbone: str) ->
 
 
 def markdown_table(stats: Sequence[CellStats], preset: Preset, backbone: str) -> list[str]:
-    head = ["length", "method", "n", "failed", "acc % [95% CI]", "other acc %", "EM %", "F1 %",
-            "latency mean / p95 s", "tokens / q", "calls / q", "chunks read", "wall s", f"published ({backbone})"]  # fmt: skip
+    repeated = _repeated(stats)
+    head = ["length", "method", "n", "failed", "acc % [95% CI]", *(["mean ± std over repeats"] if repeated else []),
+            "other acc %", "EM %", "F1 %", "latency mean / p95 s", "tokens / q", "calls / q", "chunks read", "wall s",
+            f"published ({backbone})"]  # fmt: skip
     rows = [head, ["---"] * len(head)]
     for s in stats:
         acc, ci = headline(s, preset)
         other = s.acc_ref if preset.headline == "ours" else s.acc
+        spread = repeat_spread(s.acc_by_repeat if preset.headline == "ours" else s.acc_ref_by_repeat)
         published = s.published
         rows.append([
             s.length,
@@ -68,6 +147,7 @@ def markdown_table(stats: Sequence[CellStats], preset: Preset, backbone: str) ->
             str(s.n),
             str(s.failed),
             f"{_pct(acc)} [{_pct(ci[0])}, {_pct(ci[1])}]" if acc is not None else "-",
+            *([f"{_pct(spread[0])} ± {_pct(spread[1])} ({len(s.acc_by_repeat)})" if spread else "-"] if repeated else []),
             _pct(other),
             _pct(s.em),
             _pct(s.f1),

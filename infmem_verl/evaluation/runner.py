@@ -21,6 +21,7 @@ from typing import Any, Mapping
 from tqdm import tqdm
 
 from data_prep.io import DataError
+from data_prep.published import document_count
 from infmem_verl.agent.policy import Policy
 from infmem_verl.data.sample import QASample
 from infmem_verl.policy.openai import TRANSIENT_KINDS, ErrorKind, PolicyError
@@ -44,14 +45,20 @@ class RunCounts:
 
 
 class Runner:
+    """Runs every method over every source; ``repeats`` samples of each question per method
+    (``--repeats``: at a temperature above 0 they differ, and the report gives their spread)."""
+
     def __init__(self, policy: Policy, methods: Mapping[str, Any], store: ResultStore, concurrency: int,
-                 retry_failed: RetryPolicy = "transient", progress: bool = True):  # fmt: skip
+                 retry_failed: RetryPolicy = "transient", progress: bool = True, repeats: int = 1):  # fmt: skip
+        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+            raise ValueError(f"repeats: expected an integer >= 1, got {repeats!r}")
         self.policy = policy
         self.methods = methods
         self.store = store
         self.concurrency = concurrency
         self.retry_failed = retry_failed
         self.progress = progress
+        self.repeats = repeats
         self.run_id = uuid.uuid4().hex[:12]
         self.counts = RunCounts()
 
@@ -64,11 +71,14 @@ class Runner:
     async def _cell(self, source: CellSource, method: str, limit: int | None) -> None:
         slots = asyncio.Semaphore(self.concurrency)
         tasks: set[asyncio.Task] = set()
-        bar = tqdm(desc=f"{source.dataset} {source.length} {method}", unit="sample", total=limit,
+        total = None if limit is None else limit * self.repeats
+        bar = tqdm(desc=f"{source.dataset} {source.length} {method}", unit="sample", total=total,
                    disable=not self.progress, file=sys.stderr, dynamic_ncols=True)  # fmt: skip
         try:
             items = source.items()
             while True:
+                # A slot is taken before a sample is read, so memory holds at most `concurrency`
+                # documents; the repeats of a sample share its document.
                 await slots.acquire()
                 try:
                     item = await asyncio.to_thread(next, items, None)
@@ -79,20 +89,23 @@ class Runner:
                 if item is None:
                     slots.release()
                     break
-                key = Key(source.dataset, source.length, method, item.sample_id if isinstance(item, LoadFailure) else item.id)
-                if not self.store.should_run(key, self.retry_failed):
+                sample_id = item.sample_id if isinstance(item, LoadFailure) else item.id
+                keys = [Key(source.dataset, source.length, method, sample_id, r) for r in range(self.repeats)]
+                pending = [key for key in keys if self.store.should_run(key, self.retry_failed)]
+                self.counts.skipped += len(keys) - len(pending)
+                bar.update(len(keys) - len(pending))
+                if not pending or isinstance(item, LoadFailure):
                     slots.release()
-                    self.counts.skipped += 1
-                    bar.update()
+                    for key in pending:
+                        self._write(key, _failed(item.reason, transient=False))
+                        bar.update()
                     continue
-                if isinstance(item, LoadFailure):
-                    slots.release()
-                    self._write(key, _failed(item.reason, transient=False))
-                    bar.update()
-                    continue
-                task = asyncio.create_task(self._sample(key, item, slots, bar))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
+                for number, key in enumerate(pending):
+                    if number:
+                        await slots.acquire()
+                    task = asyncio.create_task(self._sample(key, item, slots, bar))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
             if tasks:
                 await asyncio.gather(*tasks)
         finally:
@@ -125,7 +138,7 @@ class Runner:
 
     def _write(self, key: Key, fields: dict[str, Any]) -> None:
         record = {"dataset": key.dataset, "length": key.length, "method": key.method, "sample_id": key.sample_id,
-                  "run_id": self.run_id, **fields}  # fmt: skip
+                  "repeat": key.repeat, "run_id": self.run_id, **fields}  # fmt: skip
         self.store.append(record)
         self.counts.ran += 1
         if record["status"] != "ok":
@@ -154,6 +167,7 @@ def _scored(outcome: MethodOutcome, sample: QASample) -> dict[str, Any]:
         "completion_tokens": outcome.completion_tokens,
         "tokens": outcome.prompt_tokens + outcome.completion_tokens,
         "doc_tokens": outcome.doc_tokens,
+        "num_docs": document_count(sample) or None,
         "chunks_read": outcome.chunks_read,
         "num_chunks": outcome.num_chunks,
         "stop_step": outcome.stop_step,

@@ -1,4 +1,4 @@
-"""Resumable per-sample results: one JSON line per (dataset, length, method, sample).
+"""Resumable per-sample results: one JSON line per (dataset, length, method, sample, repeat).
 
 ``results.jsonl`` only grows. Each record is written with a single ``write`` on a file opened
 with ``O_APPEND`` and then fsynced, so a run killed at any moment leaves whole records plus at
@@ -39,10 +39,12 @@ class Key:
     length: str
     method: str
     sample_id: str
+    repeat: int = 0  # which of the ``--repeats`` samples of this question (0-based)
 
     @classmethod
     def of(cls, record: Mapping[str, Any]) -> Key:
-        return cls(record["dataset"], record["length"], record["method"], record["sample_id"])
+        # Records written before repeats existed are repeat 0.
+        return cls(record["dataset"], record["length"], record["method"], record["sample_id"], record.get("repeat", 0))
 
 
 class ResultStore:

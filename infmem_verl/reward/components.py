@@ -11,8 +11,10 @@ A component takes a :class:`TrajectoryRecord` and returns a float. The three bui
 * :func:`early_stop` - the reference's reward for stopping soon after the gold answer entered
   memory, ``gamma ** (d - 1)`` (spec section 4.2), with its flaws fixed (spec 8.1 item 5): ``d``
   is counted per sample, the answer is matched on word boundaries (so "no" is not found in
-  "not"), it must still be in memory when the agent stops, and the reward can be gated on a
-  correct final answer.
+  "not"), yes/no golds never count as found, and the answer must still be in memory when the
+  agent stops. By default it is paid only when the final answer is correct (EM): ungated, as in
+  the reference, a policy can collect it by filling the memory with candidate answers and
+  stopping at once, whatever it answers.
 * :func:`protocol` - 0.5 when every PreThink action parsed, plus 0.5 when every Write closed its
   thinking and produced a memory within the cap (the reference's ``fc_ok`` and ``mem_ok``).
 
@@ -36,7 +38,7 @@ from infmem_verl.agent.trajectory import (
     FLAG_THINK_CLOSED_BY_LOOP,
     FLAG_THINK_UNCLOSED,
 )
-from infmem_verl.reward.metrics import ANSWER_METRICS, answer_in_text, exact_match, score_answer
+from infmem_verl.reward.metrics import ANSWER_METRICS, answer_in_text, is_yes_no, score_answer
 from infmem_verl.rollout.facts import TurnFacts
 
 # A Write with any of these did not close its thinking, or did not leave a memory within the cap.
@@ -93,22 +95,27 @@ def outcome(record: TrajectoryRecord, metric: str = "em") -> float:
     return score_answer(record.prediction, record.golds)[metric]
 
 
-def early_stop(record: TrajectoryRecord, gamma: float = 0.6, require_correct: bool = False) -> float:
+def early_stop(record: TrajectoryRecord, gamma: float = 0.6, gate: str = "em", gate_min: float = 1.0) -> float:
     """``gamma ** (d - 1)`` for reading ``d`` chunks from the answer's first appearance in memory.
 
     With ``f`` the 0-based index of the first Write whose memory contains a gold answer (whole
-    words) and ``s`` the number of Writes when reading ended (the stop step, or every chunk when
-    the agent never stopped), ``d = s - f >= 1``: stopping right after the answer arrived scores 1.
-    Zero when the answer never entered memory, when it is no longer in memory at the end, or (with
-    ``require_correct``) when the final answer is not an exact match.
+    words; yes/no golds are never found) and ``s`` the number of Writes when reading ended (the
+    stop step, or every chunk when the agent never stopped), ``d = s - f >= 1``: stopping right
+    after the answer arrived scores 1. Zero when the answer never entered memory, when it is no
+    longer in memory at the end, or when the final answer scores below ``gate_min`` under the
+    metric ``gate`` (one of :data:`ANSWER_METRICS`; ``"none"``: ungated, the reference's formula).
     """
     if not 0 < gamma <= 1:
         raise ValueError(f"gamma: expected a number in (0, 1], got {gamma!r}")
+    if gate != "none" and gate not in ANSWER_METRICS:
+        raise ValueError(f"gate: expected 'none' or one of {list(ANSWER_METRICS)}, got {gate!r}")
+    if isinstance(gate_min, bool) or not isinstance(gate_min, numbers.Real) or not 0 < gate_min <= 1:
+        raise ValueError(f"gate_min: expected a number in (0, 1], got {gate_min!r}")
     writes = record.writes
     holds = [_memory_has_answer(w.memory_text, record.golds) for w in writes]
     if not any(holds) or not holds[-1]:
         return 0.0
-    if require_correct and exact_match(record.prediction, record.golds) == 0.0:
+    if gate != "none" and score_answer(record.prediction, record.golds)[gate] < gate_min:
         return 0.0
     distance = len(writes) - holds.index(True)
     return float(gamma ** (distance - 1))
@@ -137,7 +144,7 @@ def breaks_protocol(turn: TurnFacts) -> bool:
 
 
 def _memory_has_answer(memory: str | None, golds: list[str]) -> bool:
-    return bool(memory) and any(answer_in_text(gold, memory) for gold in golds)
+    return bool(memory) and any(answer_in_text(gold, memory) for gold in golds if not is_yes_no(gold))
 
 
 BUILT_INS = (outcome, early_stop, protocol)

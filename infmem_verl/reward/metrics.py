@@ -4,8 +4,9 @@
 scripts, so scores are comparable with published numbers. ``sub_em`` is the two-way containment
 the MemAgent / InfMem harnesses report as "accuracy" (spec §6.3); ``sub_em_strict`` keeps only the
 gold-in-prediction direction, because a short prediction inside a long gold (e.g. "1" inside
-"1990") is not a correct answer. Unlike the reference harness, every metric is maximised over all
-gold answers, not just the first.
+"1990") is not a correct answer, and matches whole words, because a gold inside a longer word is
+not either ("no" inside "not sure", "3" inside "1923"). Unlike the reference harness, every metric
+is maximised over all gold answers, not just the first.
 
 Pure Python on purpose: the reward manager and the evaluation scripts both import it.
 """
@@ -49,8 +50,14 @@ def sub_em(pred: str | None, golds: Iterable[str]) -> float:
 
 
 def sub_em_strict(pred: str | None, golds: Iterable[str]) -> float:
-    """1.0 when a normalized gold is inside the normalized prediction (one direction only)."""
-    return _best(pred, golds, lambda p, g: float(bool(p and g) and g in p))
+    """1.0 when a gold occurs in the prediction as whole words (:func:`answer_in_text`).
+
+    One direction only (gold in prediction), on normalized text: "Paris, France" holds "Paris",
+    "not sure" does not hold "no" and "1923" does not hold "3".
+    """
+    # Normalized text is words joined by single spaces, so padding both sides with spaces turns
+    # a substring test into a whole-word test.
+    return _best(pred, golds, lambda p, g: float(bool(g) and f" {g} " in f" {p} "))
 
 
 # The keys of score_answer, in its order: the metrics a caller may pick one of.
@@ -78,10 +85,16 @@ def answer_in_text(answer: str, text: str) -> bool:
         raise ValueError(f"answer must be a string, got {type(answer).__name__}")
     if not isinstance(text, str):
         raise ValueError(f"text must be a string, got {type(text).__name__}")
-    needle = normalize_answer(answer)
-    # Normalized text is words joined by single spaces, so padding both with spaces turns a
-    # substring test into a whole-word test.
-    return bool(needle) and f" {needle} " in f" {normalize_answer(text)} "
+    return sub_em_strict(text, [answer]) == 1.0
+
+
+def is_yes_no(answer: str) -> bool:
+    """Whether ``answer`` is "yes" or "no" once normalized (HotpotQA's comparison answers).
+
+    Such words occur in ordinary text ("No relevant information here"), so their presence in a
+    memory says nothing about whether the answer was found.
+    """
+    return normalize_answer(answer) in ("yes", "no")
 
 
 def _token_f1(pred: str, gold: str) -> float:
