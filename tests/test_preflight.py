@@ -13,7 +13,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
 from importlib import metadata
 from pathlib import Path
 
@@ -123,45 +122,50 @@ def test_ray_is_pinned_to_the_tested_version_in_both_requirement_sets():
 # ------------------------------------------------------------------ GPUs of the cluster, not of the launcher
 
 
-@pytest.fixture(scope="module")
-def ray_head_with_gpus(tmp_path_factory):
-    """A real Ray head declaring 8 GPUs (as a GPU node would), on a free port; stopped afterwards."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    ray_bin = Path(sys.executable).with_name("ray")
-    temp = tmp_path_factory.mktemp("ray")
-    head = subprocess.Popen(
-        [str(ray_bin), "start", "--head", "--block", f"--port={port}", "--num-cpus=1", "--num-gpus=8",
-         "--include-dashboard=false", f"--temp-dir={temp}", "--node-ip-address=127.0.0.1"],  # fmt: skip
-        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    address = f"127.0.0.1:{port}"
-    deadline = time.time() + 240
-    while time.time() < deadline:  # ready once its node (and the 8 GPUs) registered
-        status = subprocess.run([str(ray_bin), "status", f"--address={address}"], capture_output=True, text=True)
-        if status.returncode == 0 and "GPU" in status.stdout:
-            break
-        assert head.poll() is None, "ray start --head exited"
-        time.sleep(2)
-    yield address
-    os.killpg(head.pid, 15)
-    head.wait(timeout=60)
+COUNT_GPUS = """
+import json, sys
+from hydra import compose, initialize_config_module
+from infmem_verl.cpu.backend import select_backend
+with initialize_config_module("infmem_verl.conf", version_base=None):
+    config = compose("infmem_trainer", overrides=["+recipe=infmem_4b", *sys.argv[1:]])
+try:
+    backend = select_backend(config)
+    print(json.dumps({"gpus": backend.gpus, "message": backend.message}))
+except Exception as error:
+    print(json.dumps({"error": str(error)}))
+"""
 
 
-def test_gpus_are_counted_on_the_ray_cluster_the_run_joins(ray_head_with_gpus, monkeypatch):
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the launcher itself sees no GPU
-    monkeypatch.setenv("RAY_ADDRESS", ray_head_with_gpus)
-    backend = select_backend(make_config("+recipe=infmem_4b"))
-    assert backend.name == "gpu" and backend.gpus == 8
-    assert f"on 8 of the 8 GPU(s) of the Ray cluster at {ray_head_with_gpus}" in backend.message
-    with pytest.raises(ConfigError, match=rf"needs 2 x 8 = 16 GPUs and the Ray cluster at {ray_head_with_gpus} has 8"):
-        select_backend(make_config("+recipe=infmem_4b", "trainer.nnodes=2"))
+def test_gpus_are_counted_on_the_ray_cluster_the_run_joins(tmp_path):
+    """A launcher that sees no GPU (CUDA_VISIBLE_DEVICES empty, as on a CPU-only head or a Ray job
+    entrypoint) joining a real Ray cluster that has 8 GPUs."""
+    import json
+
+    import ray
+
+    ray.init(num_cpus=1, num_gpus=8, include_dashboard=False)  # the cluster: a node declaring 8 GPUs
+    try:
+        address = ray.get_runtime_context().gcs_address
+        assert select_backend(make_config("+recipe=infmem_4b")).gpus == 8  # this process is connected
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "RAY_ADDRESS": address}
+
+        def launch(*overrides: str) -> dict:
+            done = subprocess.run([sys.executable, "-W", "ignore", "-c", COUNT_GPUS, *overrides], cwd=tmp_path,
+                                  env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+            assert done.returncode == 0, done.stderr[-3000:]
+            return json.loads(done.stdout.strip().splitlines()[-1])
+
+        joined = launch()
+        assert joined["gpus"] == 8 and f"on 8 of the 8 GPU(s) of the Ray cluster at {address}" in joined["message"]
+        too_small = launch("trainer.nnodes=2")
+        assert f"needs 2 x 8 = 16 GPUs and the Ray cluster at {address} has 8" in too_small["error"]
+    finally:
+        ray.shutdown()
 
 
 def test_a_gpu_recipe_dry_run_validates_on_a_machine_without_gpus():
     config = make_config("+recipe=infmem_4b")
-    with pytest.raises(ConfigError, match="this machine .* has none; on CPU run"):
+    with pytest.raises(ConfigError, match="and this machine has none; on CPU run"):
         select_backend(config, GPUCount(0, "this machine"))
     assert select_backend(config, GPUCount(0, "this machine"), dry_run=True).name == "gpu"
 
@@ -220,7 +224,8 @@ def test_transfer_queue_capacity_is_sized_from_the_documents(tmp_path, capsys):
     )
     prepare_config(with_data("+recipe=infmem_4b", "transfer_queue.backend.SimpleStorage.total_storage_size=205576",
                              train=long, val=short))  # fmt: skip
-    memagent = prepare_config(with_data("+recipe=memagent_4b", train=long, val=short)).preflight.train
+    memagent = prepare_config(with_data("+recipe=memagent_4b", "transfer_queue.backend.SimpleStorage.total_storage_size=205576",
+                                        train=long, val=short)).preflight.train  # fmt: skip
     assert memagent.rows_worst == 512 * 201  # a Write per chunk + the answer
 
 
@@ -319,7 +324,7 @@ before = sorted(m for m in ("verl.trainer.ppo.v1", "verl.workers.engine_workers"
 from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
 loops = sorted(_agent_loop_registry)
 trainer_loaded = "infmem_verl.rollout.trainer" in sys.modules
-from verl.trainer.ppo.v1 import TRAINER_REGISTRY
+from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
 report(json.dumps({"before": before, "loops": loops, "trainer_with_loops": trainer_loaded, "trainers": sorted(TRAINER_REGISTRY)}))
 """
 
@@ -353,3 +358,30 @@ def test_the_plugin_imports_only_what_each_process_needs(tmp_path):
         del os.environ["VERL_USE_EXTERNAL_MODULES"]
     assert child.exitcode == 0
     _check_probe(result.read_text())
+
+
+def test_a_crashed_run_is_finished_as_failed(tmp_path, monkeypatch):
+    """verl's own fit and Tracking; the run crashes in its first validation. The trackers must be
+    finished with exit code 1 (W&B marks the run failed), not 0 before verl's TaskRunner can say so."""
+    from verl.utils.tracking import Tracking
+
+    from infmem_verl.rollout.trainer import InfMemSyncTrainer
+    from infmem_verl.run_record import RunRecord
+
+    finished = []
+    real_finish = Tracking.finish
+    monkeypatch.setattr(Tracking, "finish", lambda self, exit_code=0: (finished.append(exit_code), real_finish(self, exit_code)))
+    trainer = object.__new__(InfMemSyncTrainer)  # the fit loop needs no workers before its first validation
+    trainer.config = make_config("+recipe=smoke", "trainer.logger=[console]", "trainer.val_before_train=true")
+    trainer.run_record = RunRecord(tmp_path)
+    trainer._training = False
+
+    def crash():
+        raise RuntimeError("the rollout server went away")
+
+    trainer._validate = crash
+    with pytest.raises(RuntimeError, match="server went away"):
+        trainer.fit(agent_loop_manager=None)
+    assert finished == [1]
+    trainer.logger.finish(exit_code=1)  # verl's TaskRunner, after fit: already finished, a no-op
+    assert finished == [1, 1] and trainer.logger._finished
