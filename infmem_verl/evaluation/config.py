@@ -119,6 +119,7 @@ class EvalConfig:
     published_backbone: str = "qwen3-4b"
     retry_failed: RetryPolicy = "transient"
     progress: bool = True
+    record_turns: bool = False  # write trajectories.jsonl + documents/ for the viewer
 
     def resolved_preset(self) -> Preset:
         name = self.preset or ("default" if self.source.endpoints else "embedded")
