@@ -170,6 +170,9 @@ def test_loader_reads_evaluation_methods_and_training_steps(eval_dir, tokenizer,
     assert [r.reward for r in train.samples] == [0.9, 0.0, 0.9]
     assert train.samples[0].components == {"outcome": 0.6, "early_stop": 0.3}
     assert train.samples[0].chunks_read == 2 and train.samples[0].stopped_early
+    first = runs.details[train.samples[0].detail]["turns"][0]
+    assert first["action"] == {"kind": "retrieve", "query": samples[0].meta["entity"], "top_k": 2, "valid": True, "reason": ""}
+    assert first["retrieved_units"] and "invalid_action" in train.samples[2].flags
 
 
 def test_page_in_headless_chromium_lists_filters_and_shows_the_timeline(eval_dir, samples, tmp_path):

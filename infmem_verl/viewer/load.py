@@ -35,8 +35,8 @@ from infmem_verl.rollout.facts import TurnFacts
 from infmem_verl.run_record import TRAJECTORIES_DIR
 
 _STEP_FILE = re.compile(r"step_(\d+)\.jsonl$")
-# Scores an evaluation record carries; the index shows them as the sample's components.
-_EVAL_SCORES = ("acc", "acc_ref", "em", "f1", "sub_em")
+# Scores an evaluation record carries beside its headline accuracy (the index's "correct").
+_EVAL_SCORES = ("em", "f1", "sub_em")
 
 
 class ViewerError(ValueError):
@@ -283,7 +283,9 @@ def _train_turn(facts: TurnFacts, raw: Mapping[str, Any]) -> dict[str, Any]:
         "response_tokens": raw.get("response_tokens"),
     }
     if facts.action is not None:
-        turn["action"] = {"kind": facts.action, "valid": facts.valid}
+        turn["action"] = {"kind": facts.action, "query": facts.query, "top_k": facts.top_k, "valid": facts.valid, "reason": facts.reason}
+        turn["retrieved_units"] = list(facts.retrieved_units)
+    turn["reason"] = facts.reason
     if facts.turn_kind == "write" and facts.memory_text is not None:
         turn["memory"] = facts.memory_text
     if facts.turn_kind == "answer":

@@ -116,16 +116,17 @@ function render() {
   });
   const head = document.querySelector("#index thead tr");
   const columns = [["order", "#"], ["dataset", "dataset / length"], ["id", "sample"], ["question", "question"], [null, "gold"],
-    [null, "prediction"], ["correct", "correct"], ["chunks", "chunks read"], ["stopped", "stopped early"], ["reward", "reward"],
-    [null, "components"], ["flags", "flags"]];
+    [null, "prediction"], ["correct", "correct"], ["chunks", "chunks read"], ["stopped", "stopped early"]];
+  const rewarded = run.samples.some((r) => r.reward !== null);  // training runs; evaluations have scores only
+  columns.push(rewarded ? ["reward", "reward"] : null, [null, rewarded ? "components" : "scores"], ["flags", "flags"]);
   if (other) columns.push([null, "B: prediction"], [null, "B: correct"], [null, "B: chunks read"]);
-  head.replaceChildren(...columns.map(([sortKey, label]) => el("th", {
+  head.replaceChildren(...columns.filter(Boolean).map(([sortKey, label]) => el("th", {
     class: sortKey ? "sortable" + (sortKey === key ? (dir > 0 ? " asc" : " desc") : "") : null,
     "data-sort": sortKey,
     onclick: sortKey ? () => { state.sort = { key: sortKey, dir: state.sort.key === sortKey ? -state.sort.dir : 1 }; render(); } : null,
   }, label)));
   const body = document.querySelector("#index tbody");
-  body.replaceChildren(...rows.map((row) => indexRow(row, other && other.get(row.key))));
+  body.replaceChildren(...rows.map((row) => indexRow(row, other && other.get(row.key), rewarded)));
   document.getElementById("count").textContent = `${rows.length} of ${run.samples.length} samples`;
   if (state.selected) showDetail(state.selected);
 }
@@ -140,7 +141,7 @@ function chunksText(row) {
   return row.chunks_read === null || row.chunks_read === undefined ? "–" : `${row.chunks_read} / ${fmt(row.num_chunks)}`;
 }
 
-function indexRow(row, other) {
+function indexRow(row, other, rewarded) {
   const components = Object.entries(row.components).map(([k, v]) => `${k} ${fmt(v, 2)}`).join(" · ");
   const cells = [
     el("td", {}, row.order + 1),
@@ -152,7 +153,7 @@ function indexRow(row, other) {
     correctCell(row),
     el("td", {}, chunksText(row)),
     el("td", {}, row.stopped_early === null ? "–" : row.stopped_early ? "yes" : "no"),
-    el("td", {}, fmt(row.reward)),
+    rewarded ? el("td", {}, fmt(row.reward)) : null,
     el("td", { class: "small" }, components || "–"),
     el("td", { class: "small" }, row.flags.join(", ")),
   ];
