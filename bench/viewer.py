@@ -55,17 +55,14 @@ async def drive(page: Path, key: str, last_chunk: int) -> dict[str, float]:
         started = time.perf_counter()
         await browser.open(page)
         loaded = time.perf_counter() - started
-        await browser.eval("(() => { const s = document.getElementById('run-b'); s.value = '1'; s.dispatchEvent(new Event('change')); })()")
+        await browser.set_value("#run-b", "1")
         started = time.perf_counter()
-        await browser.click(f"#index tbody tr[data-key='{key}']")
-        await browser.wait("#detail .pane:nth-child(2) .timeline .chunk")
+        await browser.click_and_wait(f"#index tbody tr[data-key='{key}']", "#detail .pane:nth-child(2) .timeline .chunk")
         opened = time.perf_counter() - started
         started = time.perf_counter()
         step = f"#detail .pane:nth-child(2) .step[data-chunk='{last_chunk}']"
-        await browser.click(f"{step} summary")
-        await browser.wait(f"{step} .show-chunk")
-        await browser.click(f"{step} .show-chunk")
-        await browser.wait(f"{step} .chunk-text")
+        await browser.click_and_wait(f"{step} summary", f"{step} .show-chunk")
+        await browser.click_and_wait(f"{step} .show-chunk", f"{step} .chunk-text")
         chunk = time.perf_counter() - started
         await browser.send("Performance.enable")
         metrics = {m["name"]: m["value"] for m in (await browser.send("Performance.getMetrics"))["metrics"]}

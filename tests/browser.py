@@ -162,6 +162,18 @@ class Browser:
         for kind in ("mousePressed", "mouseReleased"):
             await self.send("Input.dispatchMouseEvent", type=kind, x=box[0], y=box[1], button="left", clickCount=1)
 
+    async def set_value(self, selector: str, value: str) -> None:
+        """Set a form control's value as a person choosing it would: the value, then its input and change events."""
+        await self.eval(
+            f"(() => {{ const e = document.querySelector({json.dumps(selector)}); e.value = {json.dumps(value)};"
+            " e.dispatchEvent(new Event('input')); e.dispatchEvent(new Event('change')); })()"
+        )
+
+    async def click_and_wait(self, selector: str, appears: str) -> None:
+        """Click ``selector``, then wait for ``appears`` (what the click makes)."""
+        await self.click(selector)
+        await self.wait(appears)
+
     async def type(self, selector: str, text: str) -> None:
         """Focus ``selector`` and type ``text`` as keyboard input."""
         await self.click(selector)
