@@ -136,7 +136,8 @@ def test_eval_cli_records_turns_only_when_asked(tiny_model_dir, tmp_path):
     assert len([t for t in record["turns"] if t["kind"] == "write"]) == result["chunks_read"]
 
 
-def training_records(tokenizer, samples, folder: Path) -> Path:
+@pytest.fixture(scope="module")
+def train_dir(tokenizer, samples, tmp_path_factory):
     """Step 3 of a run's trajectory records, built by the trainer's own code from real agent runs."""
     from infmem_verl.agent.loops import build_agent
     from infmem_verl.rollout.facts import turn_facts
@@ -155,12 +156,13 @@ def training_records(tokenizer, samples, folder: Path) -> Path:
             scores.append(0.9 if trajectory.prediction == sample.answers[0] else 0.0)
             prompts.append(turn.prompt_tokens)
             responses.append(turn.response_tokens)
+    folder = tmp_path_factory.mktemp("records")
     RunRecord(folder).log_trajectories(3, trajectory_rows(keys, extra, scores, prompts, responses, with_turns=True))
     return folder
 
 
-def test_loader_reads_evaluation_methods_and_training_steps(eval_dir, tokenizer, samples, tmp_path):
-    runs = load([eval_dir, training_records(tokenizer, samples, tmp_path / "records")])
+def test_loader_reads_evaluation_methods_and_training_steps(eval_dir, train_dir, samples):
+    runs = load([eval_dir, train_dir])
     assert [r.name.split(" · ")[1] for r in runs.runs] == ["infmem", "memagent", "bm25", "step 3"]
     infmem, memagent, bm25, train = runs.runs
     assert [r.correct for r in infmem.samples] == [True, False, True]
@@ -175,9 +177,10 @@ def test_loader_reads_evaluation_methods_and_training_steps(eval_dir, tokenizer,
     assert first["retrieved_units"] and "invalid_action" in train.samples[2].flags
 
 
-def test_page_in_headless_chromium_lists_filters_and_shows_the_timeline(eval_dir, samples, tmp_path):
-    page = tmp_path / "viewer.html"
+def test_page_in_headless_chromium_lists_filters_and_shows_the_timeline(eval_dir, train_dir, samples, tmp_path):
+    page, train_page = tmp_path / "viewer.html", tmp_path / "train.html"
     assert inspect_cli.main([str(eval_dir), "--out", str(page)]) == 0
+    assert inspect_cli.main([str(train_dir), "--out", str(train_page)]) == 0
     html = page.read_text()
     assert "http://" not in html and "https://" not in html  # nothing to fetch
     num_chunks = read_jsonl(eval_dir / "trajectories.jsonl")[0]["num_chunks"]
@@ -207,9 +210,15 @@ def test_page_in_headless_chromium_lists_filters_and_shows_the_timeline(eval_dir
             await browser.click_and_wait(f"{step.format(1)} summary", f"{step.format(1)} .body")
             added = await browser.eval(f"[...document.querySelectorAll(\"{step.format(1)} .memory ins\")].map(e => e.textContent).join('')")
             await browser.screenshot(shot)
-            return ids, filtered, wrong, cells, read, gold, chunk, added, browser.errors
+            # Training records: facts without texts; the page shows what they hold.
+            await browser.open(train_page)
+            train_ids = await browser.eval(keys)
+            await browser.click_and_wait("#index tbody tr", "#detail .pane .timeline")
+            await browser.click_and_wait(f"{step.format(0)} summary", f"{step.format(0)} .body")
+            train_step = await browser.eval(f"document.querySelector(\"{step.format(0)}\").textContent")
+            return ids, filtered, wrong, cells, read, gold, chunk, added, train_ids, train_step, browser.errors
 
-    ids, filtered, wrong, cells, read, gold, chunk, added, errors = asyncio.run(drive())
+    ids, filtered, wrong, cells, read, gold, chunk, added, train_ids, train_step, errors = asyncio.run(drive())
     assert errors == []
     assert ids == [f"synthetic/2k/{s.id}" for s in samples]  # every sample, in order
     assert filtered == [f"synthetic/2k/{samples[1].id}"]
@@ -220,6 +229,8 @@ def test_page_in_headless_chromium_lists_filters_and_shows_the_timeline(eval_dir
     assert gold and {int(u) for u in gold} <= set(record["gold_units"]) & set(record["turns"][0]["retrieved_units"])
     assert chunk and chunk in samples[0].context
     assert samples[0].answers[0] in added  # the memory diff shows what the second Write added
+    assert train_ids == ["uid0_0", "uid1_0", "uid2_0"]
+    assert samples[0].meta["entity"] in train_step and "text not recorded" in train_step
     assert shot.read_bytes()[:8] == PNG_MAGIC
 
 
