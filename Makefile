@@ -61,10 +61,11 @@ test: $(STAMP) $(VLLM_STAMP) $(CHROMIUM)
 eval: $(STAMP)
 	$(VPY) -m infmem_verl.eval
 
-bench: $(STAMP) $(VLLM_STAMP)
+bench: $(STAMP) $(VLLM_STAMP) $(CHROMIUM)
 	$(VPY) -m bench.agent_core
 	$(VPY) -m bench.retrieval
 	$(VPY) -m bench.eval
+	$(VPY) -m bench.viewer
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .pytest_cache

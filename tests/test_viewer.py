@@ -175,6 +175,8 @@ def test_loader_reads_evaluation_methods_and_training_steps(eval_dir, train_dir,
     first = runs.details[train.samples[0].detail]["turns"][0]
     assert first["action"] == {"kind": "retrieve", "query": samples[0].meta["entity"], "top_k": 2, "valid": True, "reason": ""}
     assert first["retrieved_units"] and "invalid_action" in train.samples[2].flags
+    limited = load([eval_dir], limit=1)
+    assert [len(r.samples) for r in limited.runs] == [1, 1, 1] and len(limited.documents) == 1
 
 
 def test_page_in_headless_chromium_lists_filters_and_shows_the_timeline(eval_dir, train_dir, samples, tmp_path):

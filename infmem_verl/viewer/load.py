@@ -173,6 +173,8 @@ def _load_eval(folder: Path, runs: Runs, limit: int | None) -> None:
         )
         if row.status == "ok":
             row.correct = bool(record.get(headline))
+            if record.get("invalid_turns"):
+                row.flags = ["invalid_turn"]
         if row.stop_step is not None and row.num_chunks is not None:
             row.stopped_early = row.stop_step < row.num_chunks
         elif row.num_chunks is not None:
@@ -193,7 +195,7 @@ def _document(folder: Path, digest: str) -> dict[str, Any]:
     if not path.is_file():
         return {"missing": f"{path} not found: the chunk texts were not recorded"}
     data = json.loads(path.read_text(encoding="utf-8"))
-    return {"chunks": data.get("chunks", []), "chunk_edges": data.get("chunk_edges", [])}
+    return {"chunks": data.get("chunks", [])}
 
 
 def _eval_detail(record: Mapping[str, Any]) -> dict[str, Any]:

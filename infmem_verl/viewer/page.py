@@ -3,7 +3,7 @@
 No server and no network: a Content-Security-Policy forbids every fetch, so the page cannot
 depend on one by accident. The data sits in ``application/json`` script tags, which the browser
 stores without parsing: the index (``runs``) is parsed at load, a sample's turns (``detail-N``)
-when it is opened, a document's chunk texts (``doc-HASH``) when a chunk's text is asked for. A
+when it is opened, a chunk's text (``chunk-HASH-I``) when it is asked for. A
 page holding a 1M-token document therefore opens as fast as one without, and each text is in the
 file once, however many runs and turns refer to it.
 """
@@ -37,7 +37,12 @@ def render(runs: Runs, title: str) -> str:
     index = {"runs": [dataclasses.asdict(run) for run in runs.runs]}
     data = [_json_tag("runs", index)]
     data += [_json_tag(f"detail-{i}", detail) for i, detail in enumerate(runs.details)]
-    data += [_json_tag(f"doc-{digest}", doc) for digest, doc in runs.documents.items()]
+    for digest, doc in runs.documents.items():
+        if "missing" in doc:
+            data.append(_json_tag(f"doc-{digest}", doc))
+        else:  # one tag per chunk: showing a chunk parses that chunk, not the whole document
+            data += [_json_tag(f"chunk-{digest}-{i}", text) for i, text in enumerate(doc["chunks"])]
+    # "</" would end the script tag early; in JavaScript strings and regexes "<\/" means the same.
     script = _asset("viewer.js").replace("</", "<\\/")
     return f"""<!doctype html>
 <html lang="en">

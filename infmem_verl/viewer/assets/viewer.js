@@ -1,6 +1,6 @@
 // The trajectory viewer's page logic (see infmem_verl/viewer/page.py). Data comes from JSON script
 // tags: "runs" (the index) is parsed at load; a sample's turns ("detail-N") when it is opened; a
-// document's chunk texts ("doc-HASH") only when a chunk's text is asked for. Every text from the
+// chunk's text ("chunk-HASH-I") only when it is asked for. Every text from the
 // data goes into the page as a text node, never as markup.
 "use strict";
 
@@ -327,10 +327,12 @@ function stepBody(d, step, before, units, gold, answers) {
 }
 
 function chunkText(digest, chunk, answers) {
-  const doc = data(`doc-${digest}`);
-  if (!doc || doc.missing) return el("p", { class: "note" }, doc ? doc.missing : "document not included");
-  const text = doc.chunks[chunk];
-  return el("pre", { class: "chunk-text" }, text === undefined ? "(no such chunk)" : highlight(text, answers));
+  const text = data(`chunk-${digest}-${chunk}`);
+  if (text === null) {
+    const doc = data(`doc-${digest}`);
+    return el("p", { class: "note" }, doc && doc.missing ? doc.missing : "chunk text not included");
+  }
+  return el("pre", { class: "chunk-text" }, highlight(text, answers));
 }
 
 function answerNode(turn, answers) {
