@@ -20,12 +20,14 @@ import pytest
 from infmem_verl import eval as eval_cli
 from infmem_verl import inspect as inspect_cli
 from infmem_verl.agent.config import agent_config
+from infmem_verl.agent.document import Document
+from infmem_verl.data.sample import QASample
 from infmem_verl.data.synthetic import make_dataset
 from infmem_verl.evaluation.data import CellSource
 from infmem_verl.evaluation.methods import build_methods
 from infmem_verl.evaluation.runner import Runner
 from infmem_verl.evaluation.store import ResultStore
-from infmem_verl.evaluation.trajectories import TrajectoryWriter
+from infmem_verl.evaluation.trajectories import TrajectoryWriter, gold_ranges, units_overlapping
 from infmem_verl.policy.scripted import ScriptedPolicy
 from infmem_verl.run_record import RunRecord
 from infmem_verl.viewer.load import load
@@ -123,6 +125,24 @@ def test_recorded_turns_hold_actions_memories_and_gold_units_with_texts_stored_o
     assert good["stop_step"] == 2 and len([t for t in good["turns"] if t["kind"] == "write"]) == 2
     bad = infmem[samples[2].id]["turns"][0]
     assert not bad["valid"] and "invalid_action" in bad["flags"] and bad["action"]["reason"]
+
+
+def test_gold_units_of_built_samples_cover_the_gold_document(tokenizer):
+    """data_prep.build records where each gold document starts; it runs to the next paragraph."""
+    from data_prep.compose import render_context
+
+    pool = [f"Paragraph {i} talks about topic {i} at some length. " * 12 for i in range(12)]
+    context = render_context(pool, list(range(12)))
+    gold_doc = 7  # 0-based pool index, document number 8
+    start = len(tokenizer.encode(context[: context.index("Document 8:")], add_special_tokens=False))
+    sample = QASample("b", "q?", ["a"], context, meta={"gold_positions": [8], "gold_token_starts": [start]})
+    document = Document.from_text(context, tokenizer, viewer_cfg().document)
+    ((begin, end),) = gold_ranges(sample, document)
+    assert begin == start and tokenizer.decode(document.ids[begin:end].tolist()).strip() == f"Document 8:\n{pool[gold_doc]}".strip()
+    texts = document.unit_texts()
+    units = units_overlapping(document, [(begin, end)])
+    assert all(f"topic {gold_doc}" in texts[u] or "Document 8" in texts[u] for u in units)
+    assert not gold_ranges(QASample("c", "q?", ["a"], context), document)  # no positions, no gold
 
 
 def test_eval_cli_records_turns_only_when_asked(tiny_model_dir, tmp_path):
