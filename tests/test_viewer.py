@@ -219,6 +219,8 @@ def test_page_in_headless_chromium_lists_filters_and_shows_the_timeline(eval_dir
             await browser.set_value("#f-correct", "no")
             wrong = await browser.eval(keys)
             await browser.set_value("#f-correct", "")
+            await browser.click("#index th[data-sort='correct']")
+            by_correct = await browser.eval(keys)
             await browser.set_value("#run-b", "1")
             await browser.click(f"#index tbody tr[data-key='synthetic/2k/{samples[0].id}']")
             cells = await browser.eval("[...document.querySelectorAll('#detail .pane')].map(p => p.querySelectorAll('.timeline .chunk').length)")
@@ -238,13 +240,14 @@ def test_page_in_headless_chromium_lists_filters_and_shows_the_timeline(eval_dir
             await browser.click_and_wait("#index tbody tr", "#detail .pane .timeline")
             await browser.click_and_wait(f"{step.format(0)} summary", f"{step.format(0)} .body")
             train_step = await browser.eval(f"document.querySelector(\"{step.format(0)}\").textContent")
-            return ids, filtered, wrong, cells, read, gold, chunk, added, train_ids, train_step, browser.errors
+            return ids, filtered, wrong, by_correct, cells, read, gold, chunk, added, train_ids, train_step, browser.errors
 
-    ids, filtered, wrong, cells, read, gold, chunk, added, train_ids, train_step, errors = asyncio.run(drive())
+    ids, filtered, wrong, by_correct, cells, read, gold, chunk, added, train_ids, train_step, errors = asyncio.run(drive())
     assert errors == []
     assert ids == [f"synthetic/2k/{s.id}" for s in samples]  # every sample, in order
     assert filtered == [f"synthetic/2k/{samples[1].id}"]
     assert wrong == [f"synthetic/2k/{samples[1].id}"]  # the one wrong answer
+    assert by_correct == [f"synthetic/2k/{samples[i].id}" for i in (1, 0, 2)]  # wrong first, then in order
     assert cells == [num_chunks, num_chunks]  # InfMem beside MemAgent, one cell per chunk
     assert read == 2  # InfMem stopped before chunk 2
     record = next(r for r in read_jsonl(eval_dir / "trajectories.jsonl") if r["method"] == "infmem" and r["sample_id"] == samples[0].id)

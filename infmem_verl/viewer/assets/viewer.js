@@ -53,8 +53,10 @@ function setupControls() {
   });
   selA.value = "0";
   selB.value = "-1";
-  selA.onchange = () => { state.a = Number(selA.value); refreshFlags(); render(); };
-  selB.onchange = () => { state.b = Number(selB.value); render(); };
+  // Filtering and sorting redraw the index only; the opened sample stays as it is.
+  const redraw = () => { render(); if (state.selected) showDetail(state.selected); };
+  selA.onchange = () => { state.a = Number(selA.value); refreshFlags(); redraw(); };
+  selB.onchange = () => { state.b = Number(selB.value); redraw(); };
   for (const id of ["f-text", "f-correct", "f-stopped", "f-flag", "f-status", "f-compare"]) {
     const control = document.getElementById(id);
     control.oninput = render;
@@ -128,7 +130,6 @@ function render() {
   const body = document.querySelector("#index tbody");
   body.replaceChildren(...rows.map((row) => indexRow(row, other && other.get(row.key), rewarded)));
   document.getElementById("count").textContent = `${rows.length} of ${run.samples.length} samples`;
-  if (state.selected) showDetail(state.selected);
 }
 
 function correctCell(row) {
@@ -167,7 +168,7 @@ function indexRow(row, other, rewarded) {
   return el("tr", {
     class: "sample" + (row.key === state.selected ? " selected" : ""),
     "data-key": row.key,
-    onclick: () => { state.selected = row.key; render(); },
+    onclick: () => { state.selected = row.key; render(); showDetail(row.key); },
   }, cells);
 }
 
