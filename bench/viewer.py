@@ -1,6 +1,6 @@
 """Trajectory viewer benchmark: the page of a 1M-token document, its size and how fast it responds.
 
-Run ``python -m bench.viewer`` (about two minutes on 2 cores; ``--quick``: a 128K-token document).
+Run ``python -m bench.viewer`` (a few minutes on 2 cores; ``--quick``: a 128K-token document).
 InfMem (the oracle controller of :mod:`bench.eval`, which stops once both facts are in memory) and
 MemAgent (reads every chunk) run on one synthetic sample through the evaluation runner with
 ``--record-turns``'s writer; then ``python -m infmem_verl.inspect`` builds the page and a headless
