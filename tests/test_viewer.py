@@ -147,8 +147,7 @@ def test_gold_units_of_built_samples_cover_the_gold_document(tokenizer):
 
 def test_eval_cli_records_turns_only_when_asked(tiny_model_dir, tmp_path):
     args = ["--model-dir", str(tiny_model_dir), "--lengths", "1k", "--samples", "1", "--methods", "memagent", "--no-progress"]
-    assert eval_cli.main([*args, "--out", str(tmp_path / "plain")]) == 0
-    assert not (tmp_path / "plain" / "trajectories.jsonl").exists() and not (tmp_path / "plain" / "documents").exists()
+    assert eval_cli.parse_args([*args, "--out", str(tmp_path / "plain")]).record_turns is False  # off by default
     assert eval_cli.main([*args, "--out", str(tmp_path / "turns"), "--record-turns"]) == 0
     (record,) = read_jsonl(tmp_path / "turns" / "trajectories.jsonl")
     (result,) = read_jsonl(tmp_path / "turns" / "results.jsonl")
