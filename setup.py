@@ -8,7 +8,7 @@ setup(
     description="Bounded-memory agents (InfMem, MemAgent) for QA over ultra-long documents, trained with verl",
     python_requires=">=3.10,<3.13",
     packages=find_packages(include=["infmem_verl", "infmem_verl.*", "data_prep", "data_prep.*"]),
-    package_data={"infmem_verl": ["conf/*.yaml", "conf/**/*.yaml"]},
+    package_data={"infmem_verl": ["conf/*.yaml", "conf/**/*.yaml", "viewer/assets/*"]},
     install_requires=[
         "numpy",
         "scipy",

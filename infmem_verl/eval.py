@@ -11,6 +11,8 @@ tiny random Qwen3 by default), and without data the synthetic two-hop set is use
 command runs anywhere. Results go to ``--out`` as resumable per-sample JSONL (run the same
 command again to resume: finished samples are never redone, samples that failed because of the
 server are retried), then ``report.md`` and PNG plots are written there and the table printed.
+``--record-turns`` also records every agent turn there for the trajectory viewer
+(``python -m infmem_verl.inspect OUT``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from .evaluation.published import BACKBONES
 from .evaluation.report import dataset_tables, write_report
 from .evaluation.runner import Runner
 from .evaluation.store import RETRY_POLICIES, ResultStore
+from .evaluation.trajectories import TrajectoryWriter
 
 # Synthetic lengths and samples per length when no data is given, by preset.
 SYNTHETIC_DEFAULTS = {"embedded": (["2k", "4k"], 2), "default": (["32k", "128k"], 16), "reference": (["32k", "128k"], 16)}
@@ -61,6 +64,11 @@ def parse_args(argv: Sequence[str] | None = None) -> EvalConfig:
     parser.add_argument("--variant", action="append", default=[], choices=sorted(VARIANTS), help="protocol variant on top of the preset (repeatable): " + "; ".join(f"{v.name}: {v.description}" for v in VARIANTS.values()))
     parser.add_argument("--repeats", type=int, default=1, metavar="K", help="samples per question and method; the report adds mean ± std over repeats")
     parser.add_argument("--temperature", type=float, help="sampling temperature (default: the preset's; greedy presets use 0)")
+    parser.add_argument("--record-turns", action="store_true",
+                        help="also write every agent turn for the viewer (python -m infmem_verl.inspect OUT): "
+                        "trajectories.jsonl and documents/ in --out. Costs each document's text once (~4 bytes "
+                        "per token, ~4 MB at 1M tokens) plus the memories written (up to memory_tokens per chunk read) "
+                        "per sample and agent method")  # fmt: skip
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     cfg = EvalConfig(
@@ -81,6 +89,7 @@ def parse_args(argv: Sequence[str] | None = None) -> EvalConfig:
         progress=not args.no_progress,
         repeats=args.repeats,
         variants=args.variant,
+        record_turns=args.record_turns,
     )
     preset = cfg.resolved_preset().name
     cfg.out = args.out or Path("runs/eval") / preset
@@ -170,7 +179,8 @@ async def evaluate(cfg: EvalConfig) -> Path:
         store = ResultStore(cfg.out, protocol)
         sources, limit = _sources(cfg, tokenizer)
         methods = build_methods(cfg.methods, agent_cfg, tokenizer, window)
-        runner = Runner(opened.policy, methods, store, cfg.source.concurrency, cfg.retry_failed, cfg.progress, cfg.repeats)
+        trajectories = TrajectoryWriter(cfg.out) if cfg.record_turns else None
+        runner = Runner(opened.policy, methods, store, cfg.source.concurrency, cfg.retry_failed, cfg.progress, cfg.repeats, trajectories)
         counts = await runner.run(sources, limit)
     finally:
         await opened.close()

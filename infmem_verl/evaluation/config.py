@@ -166,6 +166,7 @@ class EvalConfig:
     progress: bool = True
     repeats: int = 1  # samples per question and method (at a temperature > 0 they differ)
     variants: list[str] = field(default_factory=list)  # VARIANTS applied on top of the preset
+    record_turns: bool = False  # write trajectories.jsonl + documents/ for the viewer
 
     def resolved_preset(self) -> Preset:
         name = self.preset or ("default" if self.source.endpoints else "embedded")

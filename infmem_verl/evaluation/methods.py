@@ -26,9 +26,11 @@ import numpy as np
 
 from infmem_verl.agent.cache import DocumentCache
 from infmem_verl.agent.config import AgentConfig
+from infmem_verl.agent.document import Document
 from infmem_verl.agent.loops import build_agent
 from infmem_verl.agent.policy import Generation, Policy, SamplingParams
 from infmem_verl.agent.protocol import BuiltPrompt, PromptBuilder, parse_answer
+from infmem_verl.agent.trajectory import Trajectory
 from infmem_verl.agent.turns import TurnRunner
 from infmem_verl.data.sample import QASample
 
@@ -57,6 +59,9 @@ class MethodOutcome:
     stop_step: int | None = None
     retrieval_queries: list[str] = field(default_factory=list)
     invalid_turns: int = 0
+    # Agents only, for ``--record-turns`` (evaluation.trajectories); not part of the record.
+    trajectory: Trajectory | None = field(default=None, repr=False)
+    document: Document | None = field(default=None, repr=False)
 
 
 class CountingPolicy:
@@ -108,6 +113,8 @@ class AgentMethod:
             stop_step=summary.stop_step,
             retrieval_queries=[q for q in queries if q],
             invalid_turns=summary.invalid_turns,
+            trajectory=trajectory,
+            document=prepared.document,
         )
 
 

@@ -30,6 +30,7 @@ from infmem_verl.reward.metrics import score_answer
 from .data import CellSource, LoadFailure
 from .methods import MethodOutcome
 from .store import Key, ResultStore, RetryPolicy
+from .trajectories import TrajectoryWriter
 
 CELL = "__cell__"  # sample id of a record that fails a whole cell (its file is missing)
 _ANSWER_CHARS = 500
@@ -46,10 +47,12 @@ class RunCounts:
 
 class Runner:
     """Runs every method over every source; ``repeats`` samples of each question per method
-    (``--repeats``: at a temperature above 0 they differ, and the report gives their spread)."""
+    (``--repeats``: at a temperature above 0 they differ, and the report gives their spread);
+    ``trajectories``: where agent trajectories are recorded (``--record-turns``), or None."""
 
     def __init__(self, policy: Policy, methods: Mapping[str, Any], store: ResultStore, concurrency: int,
-                 retry_failed: RetryPolicy = "transient", progress: bool = True, repeats: int = 1):  # fmt: skip
+                 retry_failed: RetryPolicy = "transient", progress: bool = True, repeats: int = 1,
+                 trajectories: TrajectoryWriter | None = None):  # fmt: skip
         if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
             raise ValueError(f"repeats: expected an integer >= 1, got {repeats!r}")
         self.policy = policy
@@ -59,6 +62,7 @@ class Runner:
         self.retry_failed = retry_failed
         self.progress = progress
         self.repeats = repeats
+        self.trajectories = trajectories
         self.run_id = uuid.uuid4().hex[:12]
         self.counts = RunCounts()
 
@@ -121,6 +125,9 @@ class Runner:
             fields = _failed(f"{type(err).__name__}: {err}", kind in TRANSIENT_KINDS, kind)
         else:
             fields = self.record_fields(outcome, sample)
+            if self.trajectories is not None and outcome.trajectory is not None:
+                # Before the result record, so a finished sample always has its trajectory.
+                await asyncio.to_thread(self.trajectories.write, key, self.run_id, sample, outcome.trajectory, outcome.document)
         finally:
             slots.release()
         fields.update(started_at=started_at, finished_at=time.time(), latency_s=time.perf_counter() - started)

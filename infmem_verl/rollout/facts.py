@@ -41,6 +41,12 @@ class TurnFacts:
     llm_calls: int = 1  # generate calls behind this sequence (2 for a two-stage thinking call)
     flags: list[str] = field(default_factory=list)
     action: str | None = None  # PreThink decision: "retrieve" | "stop" | "continue"
+    # PreThink: the retrieval asked for and the units it returned; why an invalid turn is invalid.
+    # Small, and what a person reading a training trajectory wants (python -m infmem_verl.inspect).
+    query: str | None = None
+    top_k: int | None = None
+    retrieved_units: list[int] = field(default_factory=list)
+    reason: str = ""
     memory_tokens: int = 0
     memory_text: str | None = None
     prediction: str | None = None
@@ -63,6 +69,7 @@ class TurnFacts:
             )
         kwargs = {k: v for k, v in data.items() if k in _FIELDS}
         kwargs["flags"] = list(kwargs.get("flags") or [])
+        kwargs["retrieved_units"] = [int(u) for u in kwargs.get("retrieved_units") or []]
         return cls(**kwargs)
 
 
@@ -88,6 +95,10 @@ def turn_facts(trajectory: Trajectory, index: int, turn: Turn) -> TurnFacts:
         llm_calls=int(turn.llm_calls),
         flags=list(turn.flags),
         action=turn.action.kind if turn.action is not None else None,
+        query=turn.action.query if turn.action is not None else None,
+        top_k=turn.action.top_k if turn.action is not None else None,
+        retrieved_units=[int(u) for u in turn.retrieved_units] if turn.kind == "prethink" else [],
+        reason=turn.reason,
         memory_tokens=int(turn.memory_tokens),
         memory_text=turn.memory_text if turn.kind == "write" else None,
         prediction=trajectory.prediction if turn.kind == "answer" else None,
