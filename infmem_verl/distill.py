@@ -7,7 +7,7 @@
 A teacher behind an OpenAI-compatible server (the reference: Qwen3-32B on vLLM), or without
 ``--endpoint`` an in-process model (the tiny random Qwen3 by default), runs the agent core's loop
 over a training parquet (``data_prep``'s format; without ``--data``, the synthetic two-hop set).
-The protocol is the RL recipe's: ``--recipe`` composes ``infmem_verl/conf`` exactly as
+The protocol is the RL recipe's: ``--recipe`` composes the top-level ``conf/`` exactly as
 ``python -m infmem_verl.main +recipe=...`` does and takes its ``infmem.agent`` settings (budgets,
 thinking, stop rule, top-k range), so the student is taught the prompts it will meet in RL.
 ``--set`` adds Hydra overrides to that composition. Only decoding is the teacher's own
@@ -165,13 +165,14 @@ class DistillConfig:
 
 def recipe_agent(recipe: str, overrides: Sequence[str]) -> tuple[str, AgentConfig]:
     """The agent name and settings of RL recipe ``recipe``, composed as the trainer composes it."""
-    from hydra import compose, initialize_config_module
+    from hydra import compose, initialize_config_dir
+    from infmem_verl import conf_dir
     from hydra.errors import HydraException
 
     from infmem_verl.rollout.settings import agent_settings
 
     try:
-        with initialize_config_module("infmem_verl.conf", version_base=None):
+        with initialize_config_dir(str(conf_dir()), version_base=None):
             config = compose("infmem_trainer", overrides=[f"+recipe={recipe}", *overrides])
     except HydraException as err:
         raise ConfigError(f"recipe: cannot compose +recipe={recipe} with {list(overrides)}: {err}") from None

@@ -4,7 +4,7 @@
     python -m infmem_verl.main +recipe=infmem_4b [key=value ...]
     python -m infmem_verl.main +recipe=infmem_4b dry_run=true  # compose + validate, start nothing
 
-The config is verl's ``ppo_trainer`` composed with ``infmem_verl/conf`` (groups ``agent``,
+The config is verl's ``ppo_trainer`` composed with the top-level ``conf/`` (groups ``agent``,
 ``reward_fn``, ``recipe``). Before any worker starts, :func:`prepare_config` checks what verl
 would only discover inside a Ray actor (or silently ignore): the agent-loop name, reward manager,
 reward components and trainer mode are registered/importable, the agent budgets are valid (and
@@ -28,6 +28,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from infmem_verl import conf_dir
 from infmem_verl.agent.config import ConfigError
 from infmem_verl.cpu.backend import apply_cpu_backend, select_backend
 from infmem_verl.cpu.bootstrap import bootstrap_inputs
@@ -172,7 +173,7 @@ def train(config: DictConfig) -> None:
             ray.shutdown()
 
 
-@hydra.main(config_path="conf", config_name="infmem_trainer", version_base=None)
+@hydra.main(config_path=str(conf_dir()), config_name="infmem_trainer", version_base=None)
 def main(config: DictConfig) -> None:
     try:
         run(config)

@@ -16,7 +16,8 @@ import textwrap
 import pyarrow.parquet as pq
 import pytest
 import torch
-from hydra import compose, initialize_config_module
+from hydra import compose, initialize_config_dir
+from infmem_verl import conf_dir
 
 from infmem_verl.agent.config import ConfigError
 from infmem_verl.assets import wiki_paragraphs
@@ -31,7 +32,7 @@ from infmem_verl.rollout.trainer import trajectory_rows
 
 
 def make_config(*overrides: str):
-    with initialize_config_module("infmem_verl.conf", version_base=None):
+    with initialize_config_dir(str(conf_dir()), version_base=None):
         return compose("infmem_trainer", overrides=list(overrides))
 
 

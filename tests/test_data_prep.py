@@ -698,7 +698,8 @@ def readme_build_command(marker: str) -> list[str]:
 
 
 def test_readme_commands_write_the_files_the_recipes_read():
-    from hydra import compose, initialize_config_module
+    from hydra import compose, initialize_config_dir
+    from infmem_verl import conf_dir
 
     written = {}
     for key in ("train_files", "val_files"):
@@ -706,10 +707,10 @@ def test_readme_commands_write_the_files_the_recipes_read():
         (target,) = spec.targets
         assert spec.output_format == "parquet", key
         written[key] = str(spec.out_dir / output_name(spec, target))
-    with initialize_config_module("infmem_verl.conf", version_base=None):
+    with initialize_config_dir(str(conf_dir()), version_base=None):
         for recipe in GPU_RECIPES:
             config = compose("infmem_trainer", overrides=[f"+recipe={recipe}"])
-            launch = (REPO / "infmem_verl" / "conf" / "recipe" / f"{recipe}.yaml").read_text().replace("\n", " ")
+            launch = (conf_dir() / "recipe" / f"{recipe}.yaml").read_text().replace("\n", " ")
             for key, path in written.items():
                 assert config.data[key] == path, (recipe, key, path)
                 assert f"data.{key}={path} " in launch, f"{recipe}.yaml: launch comment, data.{key}"

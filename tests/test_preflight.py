@@ -17,7 +17,8 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_module
+from hydra import compose, initialize_config_dir
+from infmem_verl import conf_dir
 from packaging.requirements import Requirement
 
 from infmem_verl.agent.config import ConfigError
@@ -31,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def make_config(*overrides: str):
-    with initialize_config_module("infmem_verl.conf", version_base=None):
+    with initialize_config_dir(str(conf_dir()), version_base=None):
         return compose("infmem_trainer", overrides=list(overrides))
 
 
@@ -124,9 +125,10 @@ def test_ray_is_pinned_to_the_tested_version_in_both_requirement_sets():
 
 COUNT_GPUS = """
 import json, sys
-from hydra import compose, initialize_config_module
+from hydra import compose, initialize_config_dir
+from infmem_verl import conf_dir
 from infmem_verl.cpu.backend import select_backend
-with initialize_config_module("infmem_verl.conf", version_base=None):
+with initialize_config_dir(str(conf_dir()), version_base=None):
     config = compose("infmem_trainer", overrides=["+recipe=infmem_4b", *sys.argv[1:]])
 try:
     backend = select_backend(config)
@@ -173,7 +175,7 @@ def test_a_gpu_recipe_dry_run_validates_on_a_machine_without_gpus():
 def test_sft_dry_run_validates_a_gpu_recipe_without_gpus():
     from infmem_verl.sft.launch import select_backend as sft_backend
 
-    with initialize_config_module("infmem_verl.conf.sft", version_base=None):
+    with initialize_config_dir(str(conf_dir() / "sft"), version_base=None):
         config = compose("sft_trainer", overrides=["+recipe=sft_4b"])
     with pytest.raises(ConfigError, match="needs GPUs and none is visible"):
         sft_backend(config, gpus=0)

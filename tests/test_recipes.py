@@ -166,7 +166,7 @@ def test_the_uploaded_working_dir_holds_the_package_and_leaves_out_environments_
 
     runtime, _ = _submitted("--", "+recipe=smoke")
     layout = [
-        "infmem_verl/plugin.py", "infmem_verl/data/synthetic.py", "infmem_verl/conf/recipe/smoke.yaml",
+        "infmem_verl/plugin.py", "infmem_verl/data/synthetic.py", "conf/recipe/smoke.yaml",
         "data_prep/build.py", "recipes/submit.sh", "setup.py",
         ".venv/bin/python", ".venv-vllm/lib/x.py", ".git/HEAD", "data/train.parquet", "outputs/smoke/val.parquet",
         "checkpoints/run/global_step_1/actor/model_world_size_1_rank_0.pt", "tensorboard_log/p/e/events.out",
@@ -179,7 +179,7 @@ def test_the_uploaded_working_dir_holds_the_package_and_leaves_out_environments_
     _dir_travel(tmp_path, excludes, uploaded.append, include_gitignore=False)
     files = {str(p.relative_to(tmp_path)) for p in uploaded if p.is_file()}
     assert files == {
-        "infmem_verl/plugin.py", "infmem_verl/data/synthetic.py", "infmem_verl/conf/recipe/smoke.yaml",
+        "infmem_verl/plugin.py", "infmem_verl/data/synthetic.py", "conf/recipe/smoke.yaml",
         "data_prep/build.py", "recipes/submit.sh", "setup.py",
     }  # fmt: skip
 

@@ -18,7 +18,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from hydra import compose, initialize_config_module
+from hydra import compose, initialize_config_dir
+from infmem_verl import conf_dir
 from omegaconf import OmegaConf
 
 from infmem_verl.agent.config import ConfigError
@@ -90,7 +91,7 @@ def samples_from_calls(calls: list[Call], injected: np.ndarray) -> Counter:
 
 
 def sft_config(*overrides: str):
-    with initialize_config_module("infmem_verl.conf.sft", version_base=None):
+    with initialize_config_dir(str(conf_dir() / "sft"), version_base=None):
         return compose("sft_trainer", overrides=list(overrides))
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hydra import compose, initialize_config_module
+from hydra import compose, initialize_config_dir
+from infmem_verl import conf_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from infmem_verl.agent.config import AgentConfig, ConfigError
@@ -20,11 +21,11 @@ from infmem_verl.main import prepare_config, run
 from infmem_verl.rollout.documents import write_store
 from infmem_verl.rollout.settings import agent_settings
 
-RECIPES = sorted(p.stem for p in (Path(__file__).parents[1] / "infmem_verl" / "conf" / "recipe").glob("*.yaml"))
+RECIPES = sorted(p.stem for p in (conf_dir() / "recipe").glob("*.yaml"))
 
 
 def make_config(*overrides: str):
-    with initialize_config_module("infmem_verl.conf", version_base=None):
+    with initialize_config_dir(str(conf_dir()), version_base=None):
         return compose("infmem_trainer", overrides=list(overrides))
 
 
@@ -232,3 +233,36 @@ def test_command_line_dry_run(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "[validate_config] All configuration checks passed successfully!" in done.stdout
     assert "recipe=memagent_4b" in done.stdout and "agent_loop='memagent_agent'" in done.stdout
+
+
+def test_configs_live_in_the_top_level_conf_and_a_user_recipe_folder_joins_them(tmp_path):
+    """conf/ is read from a checkout wherever the command runs; a user's own recipe folder is added
+    through hydra.searchpath (verl's config package stays on it) and builds on ours."""
+    assert conf_dir() == Path(__file__).resolve().parents[1] / "conf"
+    mine = tmp_path / "my_conf" / "recipe"
+    mine.mkdir(parents=True)
+    (mine / "mine.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - infmem_4b\n  - _self_\nrecipe_name: mine\ninfmem:\n  agent:\n    stop_votes: 3\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "infmem_verl.main", f"hydra.searchpath=[pkg://verl.trainer.config,file://{tmp_path / 'my_conf'}]",
+         "+recipe=mine", "dry_run=true", "--cfg", "job"],  # fmt: skip
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "recipe_name: mine" in done.stdout and "stop_votes: 3" in done.stdout
+    assert "chunk_tokens: 5000" in done.stdout  # infmem_4b's settings underneath
+
+
+def test_a_regular_install_ships_every_config(tmp_path):
+    """The wheel setup.py builds holds conf/ inside the package, where conf_dir() looks outside a checkout."""
+    import zipfile
+
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(repo),
+                           "-w", str(tmp_path)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    [wheel] = tmp_path.glob("*.whl")
+    shipped = {n.removeprefix("infmem_verl/conf/") for n in zipfile.ZipFile(wheel).namelist() if n.startswith("infmem_verl/conf/")}
+    assert shipped == {str(p.relative_to(repo / "conf")) for p in (repo / "conf").rglob("*.yaml")}

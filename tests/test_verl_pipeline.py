@@ -21,7 +21,8 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 import torch
-from hydra import compose, initialize_config_module
+from hydra import compose, initialize_config_dir
+from infmem_verl import conf_dir
 
 from infmem_verl.data.synthetic import make_dataset
 from infmem_verl.main import prepare_config
@@ -121,7 +122,7 @@ def rollout(ray_session, tiny_model_dir, tokenizer, tmp_path_factory):
     reward_file = root / "my_reward.py"
     reward_file.write_text(REWARD_FILE)
     train_file, texts = _dataset(root, tokenizer)
-    with initialize_config_module("infmem_verl.conf", version_base=None):
+    with initialize_config_dir(str(conf_dir()), version_base=None):
         config = compose(
             "infmem_trainer",
             overrides=[

@@ -12,7 +12,8 @@ import math
 from types import SimpleNamespace
 
 import pytest
-from hydra import compose, initialize_config_module
+from hydra import compose, initialize_config_dir
+from infmem_verl import conf_dir
 from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput, AgentLoopWorker
 from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
 
@@ -253,7 +254,7 @@ def test_components_are_loaded_by_dotted_path_with_clear_errors():
 @pytest.fixture(scope="module")
 def compose_config(tiny_model_dir):
     def _compose(*overrides: str):
-        with initialize_config_module("infmem_verl.conf", version_base=None):
+        with initialize_config_dir(str(conf_dir()), version_base=None):
             return compose("infmem_trainer", overrides=[f"actor_rollout_ref.model.path={tiny_model_dir}", *overrides])
 
     return _compose

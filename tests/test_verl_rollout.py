@@ -8,7 +8,8 @@ import asyncio
 
 import numpy as np
 import pytest
-from hydra import compose, initialize_config_module
+from hydra import compose, initialize_config_dir
+from infmem_verl import conf_dir
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 from verl.workers.rollout.replica import TokenOutput
@@ -184,7 +185,7 @@ class RecordingActorGroup:
 
 @pytest.mark.parametrize("rows, dp, steps", [(1024, 8, 16), (96, 2, 4)])
 def test_an_rl_step_makes_the_configured_number_of_optimizer_steps(rows, dp, steps):
-    with initialize_config_module("infmem_verl.conf", version_base=None):
+    with initialize_config_dir(str(conf_dir()), version_base=None):
         config = compose(
             "infmem_trainer", overrides=["+recipe=infmem_4b", f"infmem.train.optimizer_steps_per_rl_step={steps}"]
         )
@@ -216,7 +217,7 @@ def test_training_parquet_loads_in_verl_with_documents_by_reference(tmp_path, to
     samples = make_dataset(2, 600, tokenizer, seed=1)
     out, store = write_verl_dataset(samples, tmp_path / "train.parquet")
     assert store == tmp_path / "train_docs.parquet"
-    with initialize_config_module("infmem_verl.conf", version_base=None):
+    with initialize_config_dir(str(conf_dir()), version_base=None):
         config = compose("infmem_trainer", overrides=[f"data.train_files={out}", f"data.val_files={out}"])
     assert check_datasets(config) == ([str(out), str(out)], [])
     dataset = create_rl_dataset(config.data.train_files, config.data, tokenizer, None, is_train=True)

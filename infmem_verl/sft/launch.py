@@ -7,7 +7,7 @@
 A sibling of ``python -m infmem_verl.main`` rather than a recipe of it: the SFT trainer is a
 different verl program (``verl.trainer.sft_trainer``, launched by torchrun, config
 ``sft_trainer_engine``), so composing it under the PPO config would only bring in keys it does
-not read. The config is verl's ``sft_trainer_engine`` composed with ``infmem_verl/conf/sft``.
+not read. The config is verl's ``sft_trainer_engine`` composed with the top-level ``conf/sft``.
 
 Before anything starts, :func:`prepare_sft_config` checks what verl would only find out on the
 workers, or never: the files exist and hold token columns, the longest sample fits
@@ -213,7 +213,7 @@ def run(config: DictConfig):
     return prepared
 
 
-@hydra.main(config_path="../conf/sft", config_name="sft_trainer", version_base=None)
+@hydra.main(config_path=str(conf_dir() / "sft"), config_name="sft_trainer", version_base=None)
 def main(config: DictConfig) -> None:
     try:
         run(config)
