@@ -667,7 +667,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--dense-queries", type=int, default=40, help="real set: queries per haystack run through the dense stage (0: none)"
     )
-    parser.add_argument("--dense-units", default="para<=150", choices=list(UNIT_SCHEMES), help="real set: units of the dense stage")
+    parser.add_argument("--dense-units", default="para<=250", choices=list(UNIT_SCHEMES), help="real set: units of the dense stage")
     parser.add_argument("--dense-bm25", default="k1=0.9 b=0.4", choices=list(BM25_SETTINGS), help="real set: BM25 of the dense stage")
     args = parser.parse_args(argv)
     sets = set(args.sets.split(","))

@@ -42,6 +42,7 @@ class TurnFacts:
     flags: list[str] = field(default_factory=list)
     action: str | None = None  # PreThink decision: "retrieve" | "stop" | "continue"
     memory_tokens: int = 0
+    retrieval_s: float = 0.0  # wall time of the turn's retrieval (PreThink turns that retrieved)
     memory_text: str | None = None
     prediction: str | None = None
     global_steps: int | None = None
@@ -89,6 +90,7 @@ def turn_facts(trajectory: Trajectory, index: int, turn: Turn) -> TurnFacts:
         flags=list(turn.flags),
         action=turn.action.kind if turn.action is not None else None,
         memory_tokens=int(turn.memory_tokens),
+        retrieval_s=float(turn.retrieval_s),
         memory_text=turn.memory_text if turn.kind == "write" else None,
         prediction=trajectory.prediction if turn.kind == "answer" else None,
         **steps,
