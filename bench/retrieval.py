@@ -63,16 +63,16 @@ class LengthPlan:
     questions: int
 
 
-FULL_PLAN = (
-    LengthPlan("32K", 32_000, 5, 40),
-    LengthPlan("128K", 128_000, 3, 67),
-    LengthPlan("1M", 1_000_000, 1, 200),
-)
-QUICK_PLAN = (
-    LengthPlan("32K", 32_000, 2, 30),
-    LengthPlan("128K", 128_000, 1, 50),
-    LengthPlan("1M", 1_000_000, 1, 60),
-)
+LENGTHS = (("32K", 32_000), ("128K", 128_000), ("1M", 1_000_000))
+
+
+def plans(*sizes: tuple[int, int]) -> tuple[LengthPlan, ...]:
+    """One plan per length of :data:`LENGTHS` from its (haystacks, questions)."""
+    return tuple(LengthPlan(label, tokens, *size) for (label, tokens), size in zip(LENGTHS, sizes, strict=True))
+
+
+FULL_PLAN = plans((5, 40), (3, 67), (1, 200))
+QUICK_PLAN = plans((2, 30), (1, 50), (1, 60))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -440,16 +440,8 @@ def print_recall(style: str, results: dict[str, dict[str, np.ndarray]], counts: 
 # ---------------------------------------------------------------------------------------------
 # Real-use queries: variants, recall and cost
 
-REAL_PLAN = (
-    LengthPlan("32K", 32_000, 4, 50),
-    LengthPlan("128K", 128_000, 2, 100),
-    LengthPlan("1M", 1_000_000, 1, 300),
-)
-REAL_QUICK_PLAN = (
-    LengthPlan("32K", 32_000, 2, 40),
-    LengthPlan("128K", 128_000, 1, 80),
-    LengthPlan("1M", 1_000_000, 1, 150),
-)
+REAL_PLAN = plans((4, 50), (2, 100), (1, 300))
+REAL_QUICK_PLAN = plans((2, 40), (1, 80), (1, 150))
 UNIT_SCHEMES: dict[str, DocumentConfig] = {
     "fixed 500/100": DocumentConfig(),
     "para<=500": DocumentConfig(paragraph_units=True),
@@ -474,6 +466,7 @@ DENSE_CANDIDATES = (20, 50)
 DENSE_FUSIONS: dict[str, tuple[str, float]] = {
     "MiniLM only": ("dense", 1.0),
     "RRF": ("rrf", 0.0),
+    "score w=0.3": ("score", 0.3),
     "score w=0.5": ("score", 0.5),
     "score w=0.7": ("score", 0.7),
 }
@@ -554,7 +547,8 @@ def measure_dense(units: Sequence[str], cfg: RetrievalConfig, queries: Sequence[
     print(
         f"  dense stage: {index.embeddings.num_embedded} of {len(units)} units embedded for {len(queries)} queries; "
         f"{1000 * cold.wall / len(queries):.0f} ms/query cold ({1000 * cold.cpu / len(queries):.0f} ms CPU), "
-        f"{1000 * warm.wall / len(queries):.1f} ms/query warm, at C={max(DENSE_CANDIDATES)}",
+        f"{1000 * warm.wall / len(queries):.1f} ms/query warm ({1000 * warm.cpu / len(queries):.1f} ms CPU), "
+        f"at C={max(DENSE_CANDIDATES)}",
         flush=True,
     )
 
