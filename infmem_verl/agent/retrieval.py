@@ -255,6 +255,7 @@ class BM25Index:
         self.scorer = scorer
         self.cfg = cfg
         self._embeddings = None  # MiniLM unit embeddings, created on the first reranked search
+        self._embeddings_lock = threading.Lock()
 
     @classmethod
     def build(cls, unit_texts: Sequence[str], cfg: RetrievalConfig) -> "BM25Index":
@@ -288,8 +289,8 @@ class BM25Index:
         """At most ``top_k`` allowed units with a positive BM25 score, best first.
 
         With ``cfg.rerank`` the best ``max(rerank_candidates, top_k)`` of them are reordered by
-        reciprocal rank fusion of their BM25 rank and their MiniLM similarity rank
-        (:mod:`infmem_verl.agent.rerank`), and ``Hit.score`` is the fused score.
+        fusing their BM25 scores with their MiniLM similarities as ``cfg.fusion`` says
+        (:func:`infmem_verl.agent.rerank.fuse`), and ``Hit.score`` is the fused score.
         """
         if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1:
             raise ValueError(f"top_k: expected an integer >= 1, got {top_k!r}")
@@ -310,18 +311,28 @@ class BM25Index:
             )
         return allowed
 
+    @property
+    def embeddings(self):
+        """The document's MiniLM unit embeddings (:class:`~.rerank.UnitEmbeddings`), created on
+        first use and shared by every search of this index."""
+        with self._embeddings_lock:
+            if self._embeddings is None:
+                from infmem_verl.agent.rerank import UnitEmbeddings
+
+                self._embeddings = UnitEmbeddings(self.unit_texts)
+            return self._embeddings
+
     def _rerank(self, query: str, pool: list[Hit]) -> list[Hit]:
-        """Reorder BM25's pool (best first) by fusing its ranks with MiniLM similarity ranks."""
+        """Reorder BM25's pool (best first) by fusing BM25 scores with MiniLM similarities."""
         if not pool:
             return pool
-        from infmem_verl.agent.rerank import UnitEmbeddings, reciprocal_rank_fusion
+        from infmem_verl.agent.rerank import fuse
 
-        if self._embeddings is None:
-            self._embeddings = UnitEmbeddings(self.unit_texts)
         units = np.array([h.unit for h in pool], dtype=np.int64)
-        sims = self._embeddings.similarities(query, units)
-        fused = reciprocal_rank_fusion(np.arange(len(units)), _rank(sims, units))
+        sims = self.embeddings.similarities(query, units)
+        fused = fuse(self.cfg.fusion, np.array([h.score for h in pool]), sims, self.cfg.fusion_weight)
         return [Hit(int(units[i]), float(fused[i])) for i in _rank(fused, units)]
+
 
 def _rank(scores: np.ndarray, units: np.ndarray) -> np.ndarray:
     """Order of ``scores`` from best to worst, equal scores by lower unit position first."""

@@ -74,6 +74,7 @@ class Turn:
     text: str = ""  # the output part after </think> (action / memory / answer text)
     action: Action | None = None
     retrieved_units: list[int] = field(default_factory=list)
+    retrieval_s: float = 0.0  # wall time of this PreThink's search (the dense stage's embedding included)
     memory_text: str | None = None  # memory after this turn (write turns)
     memory_tokens: int = 0
     latency_s: float = 0.0

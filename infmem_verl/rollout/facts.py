@@ -48,6 +48,7 @@ class TurnFacts:
     retrieved_units: list[int] = field(default_factory=list)
     reason: str = ""
     memory_tokens: int = 0
+    retrieval_s: float = 0.0  # wall time of the turn's retrieval (PreThink turns that retrieved)
     memory_text: str | None = None
     prediction: str | None = None
     global_steps: int | None = None
@@ -100,6 +101,7 @@ def turn_facts(trajectory: Trajectory, index: int, turn: Turn) -> TurnFacts:
         retrieved_units=[int(u) for u in turn.retrieved_units] if turn.kind == "prethink" else [],
         reason=turn.reason,
         memory_tokens=int(turn.memory_tokens),
+        retrieval_s=float(turn.retrieval_s),
         memory_text=turn.memory_text if turn.kind == "write" else None,
         prediction=trajectory.prediction if turn.kind == "answer" else None,
         **steps,
