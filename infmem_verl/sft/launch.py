@@ -28,6 +28,7 @@ import hydra
 import pyarrow.parquet as pq
 from omegaconf import DictConfig, OmegaConf
 
+from infmem_verl import conf_dir
 from infmem_verl.agent.config import ConfigError
 from infmem_verl.cpu.backend import choose_backend
 
