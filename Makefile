@@ -53,6 +53,7 @@ bench: $(STAMP) $(VLLM_STAMP)
 	$(VPY) -m bench.agent_core
 	$(VPY) -m bench.retrieval
 	$(VPY) -m bench.eval
+	$(VPY) -m bench.train_cost
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .pytest_cache

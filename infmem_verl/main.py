@@ -29,12 +29,14 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from infmem_verl.agent.config import ConfigError
+from infmem_verl.cost import apply_cost_levers, dry_run_ledger
 from infmem_verl.cpu.backend import apply_cpu_backend, select_backend
 from infmem_verl.cpu.bootstrap import bootstrap_inputs
 from infmem_verl.reward.components import load_components
 from infmem_verl.rollout.settings import (
     agent_settings,
     apply_rollout_lengths,
+    cost_settings,
     document_settings,
     train_settings,
 )
@@ -51,6 +53,7 @@ class PreparedRun:
     reward_components: dict[str, float]
     checked_files: list[str]
     missing_files: list[str]
+    cost_changes: list[str]
 
 
 def prepare_config(config: DictConfig) -> PreparedRun:
@@ -80,6 +83,7 @@ def prepare_config(config: DictConfig) -> PreparedRun:
     prompt_length, response_length = apply_rollout_lengths(config, cfg)
     train_settings(config)
     record_settings(config)
+    cost_changes = apply_cost_levers(config, cost_settings(config))
     checked, missing = check_datasets(config)
     return PreparedRun(
         agent_loop=loop,
@@ -88,6 +92,7 @@ def prepare_config(config: DictConfig) -> PreparedRun:
         reward_components={c.name: c.weight for c in components},
         checked_files=checked,
         missing_files=missing,
+        cost_changes=cost_changes,
     )
 
 
@@ -142,6 +147,8 @@ def run(config: DictConfig) -> PreparedRun:
         for line in bootstrap_inputs(config):
             print(f"[infmem] {line}", flush=True)
     prepared = prepare_config(config)
+    for line in prepared.cost_changes:
+        print(f"[infmem] {line}", flush=True)
     if prepared.missing_files and not config.dry_run:
         raise ConfigError(f"data.train_files / data.val_files: not found: {prepared.missing_files}")
     backend = None if config.dry_run else select_backend(config)
@@ -149,6 +156,7 @@ def run(config: DictConfig) -> PreparedRun:
     validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     if config.dry_run:
         print(f"[infmem dry run] recipe={config.recipe_name} {prepared}")
+        print("\n".join(f"[infmem dry run] {line}" for line in dry_run_ledger(config)))
         return prepared
     print(backend.message, flush=True)
     if backend.name == "cpu":
