@@ -161,7 +161,7 @@ def bench(recipe: str, tokenizer, samples: int, zero_groups: float, memory_token
     width = 36
     print(f"{'reference pipeline':<{width}} {figures(reference)}")
     defaults = ledger(replace(pipeline_of(config, "defaults"), name="defaults"))
-    print(f"{"today's defaults":<{width}} {figures(defaults)}")
+    print(f"{'defaults (this config)':<{width}} {figures(defaults)}")
     for label, pipeline in LEVERS.items():
         print(f"{label:<{width}} {figures(ledger(pipeline))}")
     ours = ledger(OURS)

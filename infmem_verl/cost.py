@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -101,7 +101,6 @@ class StepLedger:
     loss_tokens: int = 0
     reward_bytes: int = 0
     rollout_bytes: int = 0
-    extra: dict[str, float] = field(default_factory=dict)
 
     @property
     def trainer_tokens(self) -> int:
@@ -122,13 +121,12 @@ class StepLedger:
 
     def metrics(self, prefix: str = COST_PREFIX) -> dict[str, float]:
         """The ledger as logged metrics ``infmem/cost/<name>``."""
-        values = {k: v for k, v in asdict(self).items() if k != "extra"}
+        values = asdict(self)
         values.update(
             trainer_tokens=self.trainer_tokens,
             forward_equivalents=self.forward_equivalents,
             tokens_per_loss_token=self.tokens_per_loss_token,
             transport_bytes=self.transport_bytes,
-            **self.extra,
         )
         return {f"{prefix}/{name}": float(value) for name, value in values.items()}
 
