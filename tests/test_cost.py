@@ -238,3 +238,15 @@ def test_chunk_first_writes_of_a_group_share_the_prompt_through_the_chunk(tokeni
     assert sorted(old[0].tolist()) == sorted(new[0].tolist())  # the same tokens, in another order
     text = PromptBuilder(tokenizer, AgentConfig(write_layout="chunk_first")).decode(new[0])
     assert text.index("<question>") < text.index("<current_chunk>") < text.index("<previous_memory>")
+
+
+def test_chunk_first_writes_are_served_from_the_real_vllm_prefix_cache(vllm_server, tokenizer):
+    from bench.train_cost import measure_prefix_cache
+
+    def measured(write_layout: str, seed: int):
+        return measure_prefix_cache(vllm_server.url, tokenizer, write_layout, samples=1, n=2, doc_tokens=4000, seed=seed)
+
+    memory_first, chunk_first = measured("memory_first", 31), measured("chunk_first", 32)
+    assert memory_first.queries > 0 and chunk_first.queries > 0
+    # The second rollout's Write prompts hit the first one's cached chunk (2000 tokens a chunk).
+    assert chunk_first.hits - memory_first.hits > 1500
