@@ -23,7 +23,7 @@ into the ledger. The dry run and ``bench/train_cost.py`` call the same function 
 (:func:`estimate_step`).
 
 It also holds the row-dropping rule of ``infmem.cost.drop_zero_advantage``
-(:func:`zero_advantage_rows`, :func:`kept_loss_scale`). Pure Python and torch: no verl import.
+(:func:`zero_advantage_rows`, :func:`rows_to_train`, :func:`kept_loss_scale`). Pure Python and torch: no verl import.
 """
 
 from __future__ import annotations
@@ -203,6 +203,23 @@ def zero_advantage_rows(advantages: torch.Tensor, response_mask: torch.Tensor) -
     return ~((advantages != 0) & mask).any(dim=1)
 
 
+def rows_to_train(rows: Sequence[Row], multiple: int) -> list[Row] | None:
+    """The rows the update trains on when zero-advantage rows are dropped; None: train them all.
+
+    The update needs a multiple of ``multiple`` rows (verl's data-parallel and mini-batch sizes).
+    New padding rows cannot be made at this point (verl copies a real row's advantages and
+    log-probs into them, shaped for another response), so the kept rows are filled up with rows
+    that carry no gradient anyway: the batch's own padding rows first, then the shortest
+    zero-advantage rows. None when nothing would be left out, or nothing carries a gradient.
+    """
+    kept = [r for r in rows if not r.padding and not r.zero_advantage]
+    if not kept:
+        return None
+    fillers = sorted((r for r in rows if r.padding or r.zero_advantage), key=lambda r: (not r.padding, r.tokens))
+    selected = [*kept, *fillers[: -len(kept) % max(multiple, 1)]]
+    return selected if len(selected) < len(rows) else None
+
+
 def kept_loss_scale(loss_agg_mode: str, kept_tokens: int, total_tokens: int) -> float:
     """The advantage scale that keeps the loss normalisation of the full batch after dropping rows.
 
@@ -317,8 +334,7 @@ def estimate_step(
     """The ledger of a modelled RL step: ``trajectories`` (in group order, ``n`` per prompt) each a
     list of ``(prompt, response, loss_tokens, Call)`` per sequence; ``zero_advantage_groups[g]``
     marks group ``g`` as uniform-reward (its rows have zero advantage). The batch is padded to
-    ``batch_multiple`` rows with verl's 128-token padding rows, before and (when dropping) after
-    the drop.
+    ``batch_multiple`` rows with verl's 128-token padding rows; dropping follows :func:`rows_to_train`.
     """
     rows: list[Row] = []
     calls: dict[str, Call] = {}
@@ -330,11 +346,7 @@ def estimate_step(
             rows.append(Row(key, prompt, response, loss, zero_advantage=zero))
             calls[key] = call
     batch = _padded(rows, batch_multiple)
-    update = batch
-    if pipeline.drop_zero_advantage:
-        kept = [r for r in rows if not r.zero_advantage]
-        if kept:
-            update = _padded(kept, batch_multiple)
+    update = (rows_to_train(batch, batch_multiple) if pipeline.drop_zero_advantage else None) or batch
     passes = Passes(
         old_log_prob=batch if pipeline.old_log_prob else (),
         reference=batch if pipeline.reference else (),

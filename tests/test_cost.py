@@ -24,6 +24,7 @@ from infmem_verl.cost import (
     estimate_step,
     kept_loss_scale,
     pipeline_of,
+    rows_to_train,
     step_ledger,
     zero_advantage_rows,
 )
@@ -79,8 +80,28 @@ def test_estimates_change_only_what_each_lever_says():
     assert with_(reward_remote=False) == {"reward_bytes": 0}
     assert with_(old_log_prob=False) == {"old_log_prob_tokens": 0}
     assert with_(reference=False) == {"reference_tokens": 0}
-    # Group 0 (rows of four trajectories) is dropped; the 8 kept rows are padded back to 32.
-    assert with_(drop_zero_advantage=True) == {"update_tokens": 4 * 1550 + 24 * 128}
+    # Group 0 carries no gradient, but the update needs 32 rows: its 8 rows and the 16 padding rows
+    # fill the 8 kept ones up to 32, so nothing is dropped...
+    assert with_(drop_zero_advantage=True) == {}
+    # ...while with 8 rows per update (no padding) its rows are left out.
+    drop = Pipeline("c", drop_zero_advantage=True)
+    ledger = estimate_step(trajectories, drop, batch_multiple=8, zero_advantage_groups=[True], n=4)
+    assert (ledger.update_rows, ledger.update_tokens, ledger.rows) == (8, 4 * 1550, 16)
+
+
+def test_dropped_rows_are_filled_up_with_rows_that_carry_no_gradient():
+    rows = [
+        Row("a", 100, 10, 10),
+        Row("z_long", 900, 10, 10, zero_advantage=True),
+        Row("b", 200, 10, 10),
+        Row("z_short", 50, 10, 10, zero_advantage=True),
+        Row("z_mid", 300, 10, 10, zero_advantage=True),
+        Row("pad", 127, 1, padding=True),
+    ]
+    assert [r.key for r in rows_to_train(rows, 2)] == ["a", "b"]
+    assert [r.key for r in rows_to_train(rows, 4)] == ["a", "b", "pad", "z_short"]  # padding first, then short
+    assert rows_to_train(rows, 6) is None  # all of them: nothing to drop
+    assert rows_to_train([r for r in rows if r.key.startswith(("z", "pad"))], 2) is None  # nothing to train
 
 
 def test_the_dry_run_prints_the_ledger_from_the_budgets():

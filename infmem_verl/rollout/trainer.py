@@ -45,7 +45,7 @@ import logging
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import transfer_queue as tq
@@ -62,6 +62,7 @@ from infmem_verl.cost import (
     Row,
     check_droppable,
     kept_loss_scale,
+    rows_to_train,
     scores_in_agent_loop,
     session_of,
     step_ledger,
@@ -170,21 +171,16 @@ def shape_advantages(
 
 @dataclass
 class _DroppedRows:
-    """The update batch without zero-advantage rows, and how to undo what building it changed:
-    the kept rows' advantages (scaled in TransferQueue) and the padding rows it added."""
+    """The update batch without zero-advantage rows, and the kept rows' unscaled advantages
+    (in ``keys`` order; None when they were not scaled) to put back after the update."""
 
     batch: KVBatchMeta
-    kept_keys: list[str]
-    advantages: TensorDict | None  # the kept rows' unscaled advantages; None when not scaled
+    keys: list[str]
+    advantages: TensorDict | None
 
     def restore(self) -> None:
-        partition = self.batch.partition_id
         if self.advantages is not None:
-            tq.kv_batch_put(keys=self.kept_keys, partition_id=partition, fields=self.advantages)
-        kept = set(self.kept_keys)
-        added = [key for key in self.batch.keys if key not in kept]
-        if added:
-            tq.kv_clear(keys=added, partition_id=partition)
+            tq.kv_batch_put(keys=self.keys, partition_id=self.batch.partition_id, fields=self.advantages)
 
 
 @register_trainer("infmem_sync")
@@ -251,19 +247,23 @@ class InfMemSyncTrainer(PPOTrainerSync):
         return batch  # the whole step's batch: metrics and TransferQueue clean-up cover every row
 
     def _drop_zero_advantage(self, batch, metrics: dict) -> _DroppedRows | None:
-        """The batch without its rows of exactly zero advantage, re-padded and balanced by verl, with
-        the kept advantages scaled so the loss normalisation is the full batch's
-        (:func:`~infmem_verl.cost.kept_loss_scale`); None when nothing would be dropped or nothing kept."""
+        """The batch without its rows of exactly zero advantage (:func:`~infmem_verl.cost.rows_to_train`),
+        balanced over data-parallel ranks by verl, with the kept advantages scaled so the loss
+        normalisation is the full batch's (:func:`~infmem_verl.cost.kept_loss_scale`); None when
+        every row is trained."""
         data = tq.kv_batch_get(
             keys=batch.keys, partition_id=batch.partition_id, select_fields=["advantages", "response_mask"]
         )
         padded = data.to_padded_tensor()
         zero = zero_advantage_rows(padded["advantages"], padded["response_mask"]).tolist()
-        real = [not tag.get("is_padding", False) for tag in batch.tags]
-        keep = [i for i in range(len(batch)) if real[i] and not zero[i]]
-        metrics[f"{COST_PREFIX}/dropped_rows"] = float(sum(real) - len(keep)) if keep else 0.0
-        if not keep or len(keep) == sum(real):
+        rows = [replace(row, zero_advantage=z) for row, z in zip(batch_rows(batch), zero, strict=True)]
+        dp = max(self.actor_rollout_wg._dispatch_info["actor"]) + 1  # cached by verl's _balance_batch
+        selected = rows_to_train(rows, self._get_required_batch_multiple(dp))
+        metrics[f"{COST_PREFIX}/dropped_rows"] = float(len(rows) - len(selected)) if selected else 0.0
+        if selected is None:
             return None
+        index = {key: i for i, key in enumerate(batch.keys)}
+        keep = [index[row.key] for row in selected]
         tokens = padded["response_mask"].sum(dim=1)
         scale = kept_loss_scale(
             self.config.actor_rollout_ref.actor.loss_agg_mode, int(tokens[keep].sum()), int(tokens.sum())
@@ -271,18 +271,20 @@ class InfMemSyncTrainer(PPOTrainerSync):
         keys = [batch.keys[i] for i in keep]
         kept = KVBatchMeta(
             partition_id=batch.partition_id,
-            keys=keys,
+            keys=list(keys),
             tags=[batch.tags[i] for i in keep],
             fields=batch.fields,
             extra_info=dict(batch.extra_info),
         )
-        original = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=["advantages", "response_mask"])
+        original = None
         if scale != 1.0:
-            scaled = original.select("advantages", "response_mask").to_padded_tensor()["advantages"] * scale
+            original = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=["advantages", "response_mask"])
+            scaled = original.to_padded_tensor()["advantages"] * scale
             fields = TensorDict({"advantages": response_to_nested(scaled, original["response_mask"])}, batch_size=len(keys))
             tq.kv_batch_put(keys=keys, partition_id=batch.partition_id, fields=fields)
-        balanced = self._balance_batch(kept, metrics={})  # verl's padding to the batch multiple, then dp balance
-        return _DroppedRows(balanced, keys, original.select("advantages") if scale != 1.0 else None)
+            original = original.select("advantages")
+        # verl's data-parallel balancing (the row count is already a multiple: nothing is padded)
+        return _DroppedRows(self._balance_batch(kept, metrics={}), keys, original)
 
     def _compute_advantage(self, batch, metrics: dict):
         batch = super()._compute_advantage(batch, metrics)
