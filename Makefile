@@ -66,6 +66,7 @@ bench: $(STAMP) $(VLLM_STAMP) $(CHROMIUM)
 	$(VPY) -m bench.retrieval
 	$(VPY) -m bench.eval
 	$(VPY) -m bench.viewer
+	$(VPY) -m bench.train_cost
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .pytest_cache

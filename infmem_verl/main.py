@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from infmem_verl import conf_dir
 from infmem_verl.agent.config import ConfigError
+from infmem_verl.cost import apply_cost_levers, dry_run_ledger
 from infmem_verl.cpu.backend import apply_cpu_backend, select_backend
 from infmem_verl.cpu.bootstrap import bootstrap_inputs
 from infmem_verl.preflight import Preflight, preflight, resolve_paths
@@ -37,6 +38,7 @@ from infmem_verl.reward.components import load_components
 from infmem_verl.rollout.settings import (
     agent_settings,
     apply_rollout_lengths,
+    cost_settings,
     document_settings,
     train_settings,
 )
@@ -53,6 +55,7 @@ class PreparedRun:
     reward_components: dict[str, float]
     preflight: Preflight
     missing_files: list[str]
+    cost_changes: list[str]
 
     @property
     def checked_files(self) -> list[str]:
@@ -93,6 +96,7 @@ def prepare_config(config: DictConfig) -> PreparedRun:
     prompt_length, response_length = apply_rollout_lengths(config, cfg)
     train_settings(config)
     record_settings(config)
+    cost_changes = apply_cost_levers(config, cost_settings(config))
     resolve_paths(config)
     report, missing = preflight(config, cfg, loop, required_columns(config), need_reference_policy(config))
     report.raise_on_failure()
@@ -103,6 +107,7 @@ def prepare_config(config: DictConfig) -> PreparedRun:
         reward_components={c.name: c.weight for c in components},
         preflight=report,
         missing_files=missing,
+        cost_changes=cost_changes,
     )
 
 
@@ -126,6 +131,8 @@ def run(config: DictConfig) -> PreparedRun:
         for line in bootstrap_inputs(config):
             print(f"[infmem] {line}", flush=True)
     prepared = prepare_config(config)
+    for line in prepared.cost_changes:
+        print(f"[infmem] {line}", flush=True)
     if prepared.missing_files and not config.dry_run:
         raise ConfigError(
             "data.train_files / data.val_files: not found: "
@@ -144,6 +151,7 @@ def run(config: DictConfig) -> PreparedRun:
             f"prompt_length={prepared.prompt_length} response_length={prepared.response_length} "
             f"reward={prepared.reward_components}"
         )
+        print("\n".join(f"[infmem dry run] {line}" for line in dry_run_ledger(config)))
         return prepared
     print(backend.message, flush=True)
     if backend.name == "cpu":

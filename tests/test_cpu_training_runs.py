@@ -9,6 +9,10 @@ Two subprocess runs of the CPU backend through verl's own trainer loop:
   low sampling temperature, weight decay 0): the reward rises, every update changes the weights,
   and the generation actor serves exactly the last update's weights, never anything else.
 
+Two one-step runs check the cost ledger (``infmem/cost/...``) against verl's own token count and
+the trajectory records, with the levers off and with rollout log-probs as old log-probs, dropped
+zero-advantage rows and no reference pass.
+
 Per-step metrics are read from verl's own file logger (``VERL_FILE_LOGGER_PATH``).
 """
 
@@ -23,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from pathlib import Path
 
 import psutil
@@ -223,3 +228,85 @@ def test_a_moveable_reward_rises_and_the_generation_actor_serves_each_update(wor
         served = weights["after_sync"]
         assert record["training/off_policy/trajectory_staleness/max"] == 0
         assert record["training/rollout_probs_diff_max"] < 1e-3
+
+
+# ------------------------------------------------------------------------ the cost ledger
+
+
+def uneven_groups(record) -> float:
+    """Reward component: 0 for every rollout of an even-indexed question (a GRPO group of zero
+    advantage), a hash of the answer text otherwise (different for every rollout). Imported by the
+    agent-loop workers as ``test_cpu_training_runs.uneven_groups``."""
+    if int(record.extra_info["index"]) % 2 == 0:
+        return 0.0
+    return (zlib.crc32(record.solution_str.encode()) % 997 + 1) / 997
+
+
+def _cost_run(workdir: Path, name: str, overrides: list[str]) -> tuple[dict, list[dict]]:
+    """One RL step of the short smoke run; its step metrics and its trajectory records."""
+    records = workdir / f"{name}_records"
+    base = [
+        *_short_smoke(workdir, name, doc_tokens=1600),
+        f"infmem.records.dir={records}",
+        "trainer.total_training_steps=1",
+        "trainer.test_freq=-1",
+    ]
+    process, metrics = _launch(workdir, name, [*base, *overrides])
+    output, _ = process.communicate(timeout=RUN_TIMEOUT_S)
+    assert process.returncode == 0, output[-4000:]
+    from infmem_verl.run_record import RunRecord
+
+    (record,) = _metrics(metrics)
+    return record, RunRecord(records).trajectories(1)
+
+
+def test_the_cost_ledger_counts_what_the_step_processed(workdir):
+    record, trajectories = _cost_run(workdir, "cost", [])
+    cost = {k.removeprefix("infmem/cost/"): v for k, v in record.items() if k.startswith("infmem/cost/")}
+    turns = [turn for t in trajectories for turn in t["turns"]]
+    assert cost["rows"] == len(turns) + cost["padding_rows"]
+    # verl's own count of the batch's tokens (from the token tensors in TransferQueue, padding
+    # rows of 128 tokens included): every pass got the whole batch.
+    real_tokens = sum(t["prompt_tokens"] + t["response_tokens"] for t in turns)
+    assert record["perf/total_num_tokens"] == real_tokens + 128 * cost["padding_rows"]
+    assert cost["old_log_prob_tokens"] == cost["reference_tokens"] == cost["update_tokens"] == record["perf/total_num_tokens"]
+    assert cost["update_rows"] == cost["rows"] and cost["trainer_tokens"] == 3 * record["perf/total_num_tokens"]
+    # The rollout side matches the turns the agent loops recorded.
+    assert cost["llm_calls"] == sum(t["llm_calls"] for t in turns) == record["infmem/llm_calls"] * len(trajectories)
+    assert cost["prefill_tokens"] == sum(t["prefill_tokens"] for t in turns) > real_tokens - cost["decode_tokens"]
+    # Scored in the agent loop: no reward tensors shipped, and verl kept the loop's scores.
+    assert cost["reward_bytes"] == 0 and cost["rollout_bytes"] > 0
+    assert all(t["values"]["reward"] == pytest.approx(t["values"]["outcome"] * 0.6 + t["values"]["early_stop"] * 0.6 + t["values"]["protocol"]) for t in trajectories)
+
+
+def test_levers_b_c_d_cut_only_their_passes(workdir):
+    record, trajectories = _cost_run(
+        workdir,
+        "levers",
+        [
+            "agent=memagent",
+            "infmem.bootstrap.train_samples=2",
+            "reward_fn=outcome",
+            "infmem.reward.components.outcome.weight=0",
+            "+infmem.reward.components.uneven={_target_:test_cpu_training_runs.uneven_groups,weight:1.0}",
+            "actor_rollout_ref.rollout.n=2",
+            "algorithm.rollout_correction.bypass_mode=true",  # b
+            "infmem.cost.drop_zero_advantage=true",  # c
+            "actor_rollout_ref.actor.kl_loss_coef=0",  # d
+            "infmem.train.optimizer_steps_per_rl_step=1",
+        ],
+    )
+    cost = {k.removeprefix("infmem/cost/"): v for k, v in record.items() if k.startswith("infmem/cost/")}
+    # b and d: verl's old-log-prob and reference passes did not run (their metrics and timers are absent).
+    assert cost["old_log_prob_tokens"] == cost["reference_tokens"] == 0
+    assert "actor/entropy" not in record and "timing_s/ref" not in record and "infmem/log_prob_gap/mean" not in record
+    # c: the even question's two trajectories (reward 0) left the update, the other two trained.
+    zero = [t for t in trajectories if t["values"]["reward"] == 0]
+    kept = [t for t in trajectories if t["values"]["reward"] != 0]
+    assert len(zero) == len(kept) == 2
+    assert cost["dropped_rows"] == sum(len(t["turns"]) for t in zero)
+    # The 6 kept rows (2 Writes and the answer each) are a multiple of lcm(dp 1, n 2): no fillers.
+    kept_tokens = sum(turn["prompt_tokens"] + turn["response_tokens"] for t in kept for turn in t["turns"])
+    assert cost["update_rows"] == sum(len(t["turns"]) for t in kept) == 6 and cost["update_tokens"] == kept_tokens
+    assert cost["rows"] == cost["update_rows"] + cost["dropped_rows"] and cost["padding_rows"] == 0
+    assert record["actor/grad_norm"] > 0

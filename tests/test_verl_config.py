@@ -72,7 +72,11 @@ def test_infmem_4b_follows_the_reference_hyperparameters():
         0.7,
     )
     assert config.actor_rollout_ref.model.enable_gradient_checkpointing and actor.use_dynamic_bsz
-    assert actor.fsdp_config.param_offload and actor.fsdp_config.optimizer_offload
+    # Not the reference's offload: a 4B model's FSDP-8 state fits (infmem_4b.yaml gives the counts).
+    assert not actor.fsdp_config.param_offload and not actor.fsdp_config.optimizer_offload
+    assert rollout.gpu_memory_utilization == 0.75
+    seven_b = make_config("+recipe=memagent_qwen25_7b").actor_rollout_ref
+    assert seven_b.rollout.gpu_memory_utilization == 0.6 and not seven_b.actor.fsdp_config.param_offload
     assert (config.infmem.agent.document.chunk_tokens, config.infmem.agent.memory_tokens, rollout.response_length) == (
         5000,
         1024,

@@ -418,3 +418,63 @@ def test_reward_range_matches_the_reference_shape():
     }
     best = record(["Paris"], ["Paris"], prediction="Paris")
     assert math.isclose(sum(c.weight * c.score(best) for c in load_components(specs)), 2.2)
+
+
+# ------------------------------------------- scoring inside the agent loop (infmem.cost lever a)
+
+
+class _Recorder:
+    """A reward-worker handle that records what verl's ``_compute_score`` would ship through Ray."""
+
+    def __init__(self):
+        self.shipped = []
+
+    async def compute_score(self, data):
+        self.shipped.append(data)
+        raise AssertionError("the remote reward call ran")
+
+
+@pytest.mark.parametrize("preset", ["infmem", "infmem_gated", "outcome_f1"])
+async def test_scoring_in_the_agent_loop_gives_the_managers_rewards_and_skips_the_remote_call(
+    compose_config, tokenizer, preset
+):
+    from infmem_verl.cost import Row, reward_call_bytes
+    from infmem_verl.rollout.agent_loop import in_loop_reward, score_outputs
+
+    config = compose_config(f"reward_fn={preset}")
+    cases = [
+        (infmem_turns(**GOOD), "<think>\nok\n</think>\n\n\\boxed{Paris}"),
+        (infmem_turns(**dict(GOOD, prediction="Lyon"), invalid_prethink=0), "\\boxed{Lyon}"),
+        (infmem_turns(memories=["a", "b", "c"], num_chunks=3, stopped=False, prediction=None), "no answer"),
+    ]
+    for turns, answer in cases:
+        remote = await score(config, tokenizer, turns, answer)
+        outputs = _outputs(tokenizer, turns, answer)
+        score_outputs(outputs, in_loop_reward(config), _sample(["Paris"]), tokenizer)
+        assert outputs[-1].reward_score == remote.reward_score
+        assert outputs[-1].extra_fields["reward_extra_info"] == remote.extra_fields["reward_extra_info"]
+
+        # verl's own _compute_score now leaves the score alone and never calls the reward worker...
+        recorder = _Recorder()
+        worker = _in_process_worker(config)
+        worker.reward_loop_worker_handles = [SimpleNamespace(compute_score=SimpleNamespace(remote=recorder.compute_score))]
+        await worker._compute_score(outputs, kwargs=_sample(["Paris"]))
+        assert recorder.shipped == [] and outputs[-1].reward_score == remote.reward_score
+        # ...whose token tensors the cost ledger counts exactly.
+        fresh = _outputs(tokenizer, turns, answer)
+        with pytest.raises(AssertionError, match="remote reward call ran"):
+            await worker._compute_score(fresh, kwargs=_sample(["Paris"]))
+        shipped = recorder.shipped[0].batch
+        rows = [Row(f"k_{i}", len(o.prompt_ids), len(o.response_ids)) for i, o in enumerate(fresh)]
+        assert reward_call_bytes(rows) == sum(t.numel() * t.element_size() for t in shipped.values())
+
+
+def test_the_agent_loop_scores_only_for_the_infmem_manager_without_a_custom_function(compose_config, tmp_path):
+    from infmem_verl.rollout.agent_loop import in_loop_reward
+
+    assert [c.name for c in in_loop_reward(compose_config())] == ["outcome", "early_stop", "protocol"]
+    assert in_loop_reward(compose_config("infmem.cost.score_in_agent_loop=false")) is None
+    module = tmp_path / "my_reward.py"
+    module.write_text("def compute_score(**kwargs):\n    return 0.0\n")
+    assert in_loop_reward(compose_config(f"reward.custom_reward_function.path={module}")) is None
+    assert in_loop_reward(compose_config("reward.reward_manager.name=naive")) is None

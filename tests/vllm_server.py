@@ -63,8 +63,8 @@ class VLLMServer:
             "--model", str(self.model_dir), "--served-model-name", SERVED_NAME,
             "--host", "127.0.0.1", "--port", str(self.port),
             "--dtype", "float32", "--max-model-len", str(self.max_model_len),
-            "--enforce-eager", "--seed", "0", "--disable-log-stats",
-        ]  # fmt: skip
+            "--enforce-eager", "--seed", "0",
+        ]  # fmt: skip  (stats stay on: the prefix-cache counters of /metrics are measured)
         env = {
             **os.environ,
             "HF_HUB_OFFLINE": "1",

@@ -202,6 +202,10 @@ class AgentConfig:
     # Final answer format: "boxed" (\boxed{...}, used everywhere by default) or "answer_is"
     # ("Therefore, the answer is ...", the reference evaluation's format).
     answer_format: Literal["boxed", "answer_is"] = "boxed"
+    # Order of a Write prompt's sections: "memory_first" (question, memory, [evidence], chunk; the
+    # reference's) or "chunk_first" (question, chunk, memory, [evidence]): the n rollouts of a
+    # document then share the prompt up to the end of the chunk, which a prefix cache can serve.
+    write_layout: Literal["memory_first", "chunk_first"] = "memory_first"
     prethink: CallBudget = field(default_factory=lambda: CallBudget(prompt_tokens=4096, thinking_tokens=512, output_tokens=256))
     write: CallBudget = field(default_factory=lambda: CallBudget(prompt_tokens=9216, thinking_tokens=512, output_tokens=1024))
     answer: CallBudget = field(default_factory=lambda: CallBudget(prompt_tokens=4096, thinking_tokens=512, output_tokens=256))
@@ -243,6 +247,12 @@ class AgentConfig:
             self.invalid_action,
         )
         _check(self.answer_format in ("boxed", "answer_is"), "answer_format", "'boxed' or 'answer_is'", self.answer_format)
+        _check(
+            self.write_layout in ("memory_first", "chunk_first"),
+            "write_layout",
+            "'memory_first' or 'chunk_first'",
+            self.write_layout,
+        )
         for name in ("prethink", "write", "answer"):
             getattr(self, name).validate(name)
         _check(

@@ -120,6 +120,15 @@ _LAYOUT: dict[str, tuple[tuple[str, str], ...]] = {
 }
 
 
+def layout(kind: PromptKind, write_layout: str) -> tuple[tuple[str, str], ...]:
+    """The sections of prompt ``kind``; ``write_layout="chunk_first"`` moves a Write's chunk right
+    after the question (AgentConfig.write_layout)."""
+    sections = _LAYOUT[kind]
+    if write_layout != "chunk_first" or not kind.startswith("write"):
+        return sections
+    return (sections[0], *[s for s in sections if s[1] == "chunk"], *[s for s in sections[1:] if s[1] != "chunk"])
+
+
 # --------------------------------------------------------------------------------------------
 # Output parsing
 # --------------------------------------------------------------------------------------------
@@ -621,6 +630,7 @@ class PromptBuilder:
         }
         # Kinds a user template file replaces (cfg.prompt_templates); the others are built in.
         self._user_templates = load_templates(cfg.prompt_templates) if cfg.prompt_templates else {}
+        self._layout = {kind: layout(kind, cfg.write_layout) for kind in _LAYOUT}
         self._templates = {kind: self._compile(kind) for kind in _LAYOUT}
         self._empty_memory_ids = self.encode(EMPTY_MEMORY_TEXT)
         self._no_evidence_ids = self.encode(NO_EVIDENCE_TEXT)
@@ -670,7 +680,7 @@ class PromptBuilder:
         """The chat messages of prompt ``kind`` with ``slots`` (slot name -> text) filled in."""
         if kind in self._user_templates:
             return self._user_templates[kind].messages(slots)
-        sections = [f"<{tag}>\n{slots[slot]}\n</{tag}>" for tag, slot in _LAYOUT[kind]]
+        sections = [f"<{tag}>\n{slots[slot]}\n</{tag}>" for tag, slot in self._layout[kind]]
         content = "\n\n".join([self._instructions[kind], *sections])
         return [{"role": "user", "content": content}]
 
@@ -688,7 +698,7 @@ class PromptBuilder:
         )
 
     def _compile(self, kind: PromptKind) -> _Template:
-        sentinels = {slot: f"@@INFMEM_SLOT_{slot.upper()}@@" for _, slot in _LAYOUT[kind]}
+        sentinels = {slot: f"@@INFMEM_SLOT_{slot.upper()}@@" for _, slot in self._layout[kind]}
         rendered = self.render_text(kind, sentinels)
         pattern = re.compile("|".join(re.escape(s) for s in sentinels.values()))
         found = pattern.findall(rendered)

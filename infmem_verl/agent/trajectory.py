@@ -68,6 +68,7 @@ class Turn:
     generated_tokens: int  # model-generated tokens (response minus injected)
     finish_reason: str
     llm_calls: int  # generate calls behind this turn (2 for a two-stage call)
+    prefill_tokens: int = 0  # prompt tokens of all those calls (a continuation resends prompt + thinking)
     valid: bool = True
     flags: list[str] = field(default_factory=list)
     reason: str = ""

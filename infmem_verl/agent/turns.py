@@ -44,6 +44,7 @@ class TurnRunner:
     async def call(self, kind: TurnKind, budget: CallBudget, prompt: BuiltPrompt, chunk_index: int) -> CallResult:
         started = time.perf_counter()
         stages: list[Generation] = []
+        prefill = len(prompt.ids)  # prompt tokens sent, over all generate calls of the turn
         injected = np.zeros(0, dtype=np.int32)
         if not self.cfg.thinking:
             stages.append(await self.policy.generate(prompt.ids, self._params(budget.output_tokens)))
@@ -63,7 +64,8 @@ class TurnRunner:
                 if remaining > 0:
                     continuation = np.concatenate([prompt.ids, np.asarray(ids, dtype=np.int32), injected])
                     stages.append(await self.policy.generate(continuation, self._params(remaining)))
-        return self._record(kind, prompt, chunk_index, stages, injected, started)
+                    prefill += len(continuation)
+        return self._record(kind, prompt, chunk_index, stages, injected, started, prefill)
 
     def _record(
         self,
@@ -73,6 +75,7 @@ class TurnRunner:
         stages: list[Generation],
         injected: np.ndarray,
         started: float,
+        prefill: int,
     ) -> CallResult:
         first, last = stages[0], stages[-1]
         pieces = [np.asarray(first.token_ids, dtype=np.int32), injected]
@@ -109,6 +112,7 @@ class TurnRunner:
             generated_tokens=int(mask.sum()),
             finish_reason=last.finish_reason,
             llm_calls=len(stages),
+            prefill_tokens=prefill,
             flags=flags,
             text=split.output,
             latency_s=time.perf_counter() - started,

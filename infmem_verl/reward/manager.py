@@ -18,7 +18,7 @@ answer metrics, and the trajectory's figures (:mod:`infmem_verl.metrics`).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,15 +48,10 @@ class InfMemRewardManager(RewardManagerBase):
 
     async def run_single(self, data: DataProto) -> dict:
         record = trajectory_record(data, self.tokenizer)
-        scores: dict[str, float] = {}
-        for component in self.components:
-            if component.name == OUTCOME and self.custom_outcome is not None:
-                scores[OUTCOME] = await self._custom_outcome(record)
-            else:
-                scores[component.name] = component.score(record)
-        reward = sum(c.weight * scores[c.name] for c in self.components)
+        custom = self.custom_outcome is not None and any(c.name == OUTCOME for c in self.components)
+        outcome = await self._custom_outcome(record) if custom else None
         tokens = (data.non_tensor_batch["prompt_len"], data.non_tensor_batch["response_len"])
-        return {"reward_score": float(reward), "reward_extra_info": extra_info(record, scores, *tokens)}
+        return score_trajectory(self.components, record, *tokens, outcome=outcome)
 
     async def _custom_outcome(self, record: TrajectoryRecord) -> float:
         kwargs = dict(
@@ -83,17 +78,40 @@ def trajectory_record(data: DataProto, tokenizer) -> TrajectoryRecord:
                 f"data.non_tensor_batch lacks {key!r} (has {sorted(non_tensor)}); the infmem reward manager "
                 "scores whole trajectories from the agent-loop worker (rule-based reward, not a colocated reward model)"
             )
-    turns = [TurnFacts.from_dict(facts, f"row {i}") for i, facts in enumerate(non_tensor["tool_extra_fields"])]
     last = len(data) - 1
     response = data.batch["responses"][last][: int(non_tensor["response_len"][last])]
-    extra = non_tensor["extra_info"][last] if "extra_info" in non_tensor else None
+    sample = {key: non_tensor[key][last] for key in ("reward_model", "data_source", "extra_info") if key in non_tensor}
+    return build_record(non_tensor["tool_extra_fields"], sample, response.tolist(), tokenizer)
+
+
+def build_record(facts: Sequence[Mapping], sample: Mapping[str, Any], answer_ids: Sequence[int], tokenizer) -> TrajectoryRecord:
+    """A trajectory's record from its turns' facts (answer last), its dataset row's columns
+    (``reward_model``, optional ``data_source`` and ``extra_info``) and the final response's ids:
+    what the reward manager rebuilds from verl's batch and the agent loop has at hand."""
+    turns = [TurnFacts.from_dict(f, f"row {i}") for i, f in enumerate(facts)]
     return TrajectoryRecord(
         turns=turns,
-        golds=gold_answers(non_tensor["reward_model"][last]),
-        solution_str=tokenizer.decode(response.tolist(), skip_special_tokens=True),
-        data_source=str(non_tensor["data_source"][last]) if "data_source" in non_tensor else "unknown",
-        extra_info=dict(extra or {}),
+        golds=gold_answers(sample["reward_model"]),
+        solution_str=tokenizer.decode(list(answer_ids), skip_special_tokens=True),
+        data_source=str(sample["data_source"]) if "data_source" in sample else "unknown",
+        extra_info=dict(sample.get("extra_info") or {}),
     )
+
+
+def score_trajectory(
+    components: Sequence[Component],
+    record: TrajectoryRecord,
+    prompt_tokens: Sequence[int],
+    response_tokens: Sequence[int],
+    outcome: float | None = None,
+) -> dict:
+    """``{"reward_score", "reward_extra_info"}`` of one trajectory: the weighted sum of ``components``
+    (``outcome``, when given, replaces the outcome component: a custom reward function's score)."""
+    scores = {
+        c.name: outcome if c.name == OUTCOME and outcome is not None else c.score(record) for c in components
+    }
+    reward = sum(c.weight * scores[c.name] for c in components)
+    return {"reward_score": float(reward), "reward_extra_info": extra_info(record, scores, prompt_tokens, response_tokens)}
 
 
 def gold_answers(reward_model: Any) -> list[str]:

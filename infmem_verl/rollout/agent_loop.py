@@ -9,6 +9,12 @@ sequence's advantage to the others (multi-conversation training).
 The question is the last user message of the prompt column; the document is resolved from the
 reference column (``infmem.documents.ref_key``) so it never travels with the sequences. Each
 sequence's ``extra_fields`` carries its :class:`~infmem_verl.rollout.facts.TurnFacts`.
+
+With ``infmem.cost.score_in_agent_loop`` (the default) the loop scores the trajectory itself with
+the ``infmem`` reward manager's components and code (:func:`~infmem_verl.reward.manager.score_trajectory`)
+and sets ``reward_score`` and ``reward_extra_info`` on the final output: verl then skips the remote
+reward call, which would pad and ship five token tensors of every sequence through Ray, and copies
+the score to the earlier outputs itself. A ``reward.custom_reward_function`` keeps the remote call.
 """
 
 from __future__ import annotations
@@ -24,8 +30,11 @@ from infmem_verl.agent.cache import DocumentCache
 from infmem_verl.agent.config import AgentConfig
 from infmem_verl.agent.loops import AgentLoop, build_agent
 from infmem_verl.agent.trajectory import Trajectory
+from infmem_verl.cost import scores_in_agent_loop
 from infmem_verl.policy.transformers import end_token_ids
 from infmem_verl.policy.verl_server import VerlServerPolicy
+from infmem_verl.reward.components import Component, load_components
+from infmem_verl.reward.manager import build_record, score_trajectory
 from infmem_verl.rollout import documents
 from infmem_verl.rollout.facts import turn_facts
 from infmem_verl.rollout.settings import DocumentSettings, agent_settings, document_settings
@@ -42,6 +51,7 @@ class _Runtime:
     documents: DocumentSettings
     eos_ids: list[int]
     agents: dict[str, AgentLoop]
+    reward: list[Component] | None  # components to score with in the loop; None: verl's remote call
 
 
 _RUNTIMES: dict[tuple[str, str, int], _Runtime] = {}
@@ -69,9 +79,27 @@ def _runtime(config, tokenizer) -> _Runtime:
                 documents=docs,
                 eos_ids=end_token_ids(tokenizer, generation),
                 agents={name: build_agent(name, cfg, tokenizer, cache) for name in ("infmem", "memagent")},
+                reward=in_loop_reward(config),
             )
             _RUNTIMES[key] = runtime
         return runtime
+
+
+def in_loop_reward(config) -> list[Component] | None:
+    """The reward components the agent loop scores with, or None when verl's reward call must run:
+    the lever is off, another reward manager is configured, or a custom reward function is set."""
+    return load_components(config.infmem.reward.components) if scores_in_agent_loop(config) else None
+
+
+def score_outputs(outputs: list[AgentLoopOutput], components: list[Component], sample: dict, tokenizer) -> None:
+    """Score the trajectory of ``outputs`` as the ``infmem`` reward manager would, onto the final output."""
+    final = outputs[-1]
+    record = build_record([o.extra_fields for o in outputs], sample, final.response_ids, tokenizer)
+    result = score_trajectory(
+        components, record, [len(o.prompt_ids) for o in outputs], [len(o.response_ids) for o in outputs]
+    )
+    final.reward_score = result["reward_score"]
+    final.extra_fields["reward_extra_info"] = result["reward_extra_info"]
 
 
 def question_from_prompt(raw_prompt: Any) -> str:
@@ -145,7 +173,10 @@ class MemoryAgentLoop(AgentLoopBase):
         document = await self.loop.run_in_executor(None, documents.resolve, ref, settings.root, settings.cache_size)
         policy = VerlServerPolicy(self.server_manager, sampling_params, self.runtime.eos_ids)
         trajectory = await self.runtime.agents[self.agent_name].run(policy, question, document)
-        return trajectory_outputs(trajectory, self.rollout_config.prompt_length, self.rollout_config.response_length)
+        outputs = trajectory_outputs(trajectory, self.rollout_config.prompt_length, self.rollout_config.response_length)
+        if self.runtime.reward is not None:
+            score_outputs(outputs, self.runtime.reward, kwargs, self.tokenizer)
+        return outputs
 
 
 @register("infmem_agent")

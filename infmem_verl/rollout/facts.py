@@ -39,6 +39,7 @@ class TurnFacts:
     stop_step: int | None  # chunks read when the controller stopped; None when it read them all
     valid: bool
     llm_calls: int = 1  # generate calls behind this sequence (2 for a two-stage thinking call)
+    prefill_tokens: int = 0  # prompt tokens sent over those calls (the cost ledger's prefill)
     flags: list[str] = field(default_factory=list)
     action: str | None = None  # PreThink decision: "retrieve" | "stop" | "continue"
     # PreThink: the retrieval asked for and the units it returned; why an invalid turn is invalid.
@@ -94,6 +95,7 @@ def turn_facts(trajectory: Trajectory, index: int, turn: Turn) -> TurnFacts:
         stop_step=trajectory.stop_step,
         valid=bool(turn.valid),
         llm_calls=int(turn.llm_calls),
+        prefill_tokens=int(turn.prefill_tokens),
         flags=list(turn.flags),
         action=turn.action.kind if turn.action is not None else None,
         query=turn.action.query if turn.action is not None else None,

@@ -140,3 +140,26 @@ class TrainSettings:
 
 def train_settings(config: Any) -> TrainSettings:
     return read_settings(TrainSettings, config, "infmem.train")
+
+
+@dataclass(frozen=True)
+class CostSettings:
+    """``infmem.cost``: switches that cut what an RL step costs (see :mod:`infmem_verl.cost`).
+
+    ``score_in_agent_loop``: the agent loop scores its trajectory with the reward manager's
+    components, so verl skips the remote reward call and its token tensors. ``drop_zero_advantage``:
+    rows whose advantage is exactly 0 skip the actor update, the loss normalisation kept (needs no
+    KL loss and no entropy bonus). ``skip_reference_at_zero_kl``: with ``kl_loss_coef`` 0 and no KL in
+    the reward, the KL loss is switched off, so verl runs no reference pass (the objective is the same).
+    """
+
+    score_in_agent_loop: bool = True
+    drop_zero_advantage: bool = False
+    skip_reference_at_zero_kl: bool = True
+
+    def validate(self, path: str) -> "CostSettings":
+        return self  # three booleans, type-checked when read
+
+
+def cost_settings(config: Any) -> CostSettings:
+    return read_settings(CostSettings, config, "infmem.cost", required=False)

@@ -3,7 +3,8 @@
 Registered with ``verl.trainer.ppo.v1.register_trainer`` and chosen by
 ``trainer.v1.trainer_mode=infmem_sync`` (the default of conf/infmem_trainer.yaml). It trains
 exactly like verl's ``sync`` mode (verl branches on the mode's name, so this class reports
-``trainer_mode == "sync"``) and changes three things about training, nothing else:
+``trainer_mode == "sync"``) and changes three things about training, nothing else (a fourth,
+optional, below):
 
 * **Optimizer steps per RL step.** verl slices optimizer mini-batches in rows
   (``ppo_mini_batch_size * n``), and every trajectory is about two rows per chunk read, so the
@@ -20,11 +21,17 @@ exactly like verl's ``sync`` mode (verl branches on the mode's name, so this cla
   broke the protocol (see :func:`infmem_verl.reward.components.breaks_protocol`), crediting the
   failure to the turn that caused it. Use it with the ``protocol`` reward component's weight at 0.
 
+With ``infmem.cost.drop_zero_advantage`` it also leaves rows of exactly zero advantage out of the
+actor update (:mod:`infmem_verl.cost`): verl pads and balances the kept rows again, their
+advantages are scaled so the loss normalisation is the whole batch's, and both are undone after
+the update, so metrics and clean-up see the step's whole batch.
+
 It also reports what verl's row-level metrics cannot (:mod:`infmem_verl.metrics`): every step
 logs ``infmem/...`` means over *trajectories* computed from the per-turn facts in TransferQueue
 (reward and components, accuracy, reading, stopping, retrieval, protocol error rates per turn
-kind, memory, calls and tokens), the clip fraction, the rollout/trainer log-prob gap and the step
-time; validation adds ``val-infmem/...`` from the same per-trajectory values (the reward manager
+kind, memory, calls and tokens), the clip fraction, the rollout/trainer log-prob gap, the step
+time and the step's cost ledger (``infmem/cost/...``: the rows each pass was handed, recorded as
+verl's trainer calls it); validation adds ``val-infmem/...`` from the same per-trajectory values (the reward manager
 puts them in ``reward_extra_info``; the validation before training is recorded at the step
 training starts from). Each step is appended to the run's records
 (:mod:`infmem_verl.run_record`, next to the TensorBoard events, flushed per step so a killed run
@@ -38,18 +45,33 @@ import logging
 import math
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import torch
 import transfer_queue as tq
 from tensordict import TensorDict
+from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1 import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.workers.utils.padding import response_to_nested
 
+from infmem_verl.cost import (
+    COST_PREFIX,
+    Call,
+    Passes,
+    Row,
+    check_droppable,
+    kept_loss_scale,
+    rows_to_train,
+    scores_in_agent_loop,
+    session_of,
+    step_ledger,
+    zero_advantage_rows,
+)
 from infmem_verl.metrics import PREFIX, log_prob_gap, numeric, summarize, trajectory_values
 from infmem_verl.reward.components import TrajectoryRecord, breaks_protocol
 from infmem_verl.rollout.facts import TurnFacts
-from infmem_verl.rollout.settings import TrainSettings, train_settings
+from infmem_verl.rollout.settings import TrainSettings, cost_settings, train_settings
 from infmem_verl.run_record import RunRecord, record_settings, records_dir
 
 # verl's step metrics repeated under infmem/, so one TensorBoard section holds a run's story.
@@ -58,9 +80,20 @@ VERL_ALIASES = {"actor/pg_clipfrac": "clip_fraction", "timing_s/step": "step_tim
 LOG_PROB_FIELDS = ("old_log_probs", "rollout_log_probs", "response_mask")
 
 
-def session_of(key: str) -> str:
-    """The trajectory of a TransferQueue key ``{uid}_{session_id}_{index}``."""
-    return key.rsplit("_", 1)[0]
+def batch_rows(batch: KVBatchMeta) -> list[Row]:
+    """The rows of a batch as the cost ledger counts them, from the tags verl's agent loop (and its
+    padding) wrote: prompt and response lengths, padding flag."""
+    return [
+        Row(key, int(tag["prompt_len"]), int(tag["response_len"]), padding=bool(tag.get("is_padding", False)))
+        for key, tag in zip(batch.keys, batch.tags, strict=True)
+    ]
+
+
+def rollout_bypassed(config) -> bool:
+    """verl's rollout-correction bypass mode: the rollout's log-probs are the old log-probs, no
+    old-log-prob pass (the test verl's ``_compute_old_log_prob`` makes)."""
+    rollout_correction = config.algorithm.get("rollout_correction", None)
+    return bool(rollout_correction and rollout_correction.get("bypass_mode", False))
 
 
 def failed_trajectories(keys: Sequence[str], tags: Sequence[dict], expected: int) -> int:
@@ -143,6 +176,20 @@ def shape_advantages(
     return shaped * mask
 
 
+@dataclass
+class _DroppedRows:
+    """The update batch without zero-advantage rows, and the kept rows' unscaled advantages
+    (in ``keys`` order; None when they were not scaled) to put back after the update."""
+
+    batch: KVBatchMeta
+    keys: list[str]
+    advantages: TensorDict | None
+
+    def restore(self) -> None:
+        if self.advantages is not None:
+            tq.kv_batch_put(keys=self.keys, partition_id=self.batch.partition_id, fields=self.advantages)
+
+
 @register_trainer("infmem_sync")
 class InfMemSyncTrainer(PPOTrainerSync):
     """verl's sync trainer with the three training changes of the module docstring, plus its
@@ -150,6 +197,10 @@ class InfMemSyncTrainer(PPOTrainerSync):
 
     def __init__(self, config):
         self.infmem_train = train_settings(config)
+        self.infmem_cost = cost_settings(config)
+        if self.infmem_cost.drop_zero_advantage:
+            check_droppable(config.actor_rollout_ref.actor)
+        self._passes: dict[str, list[Row]] = {}  # the rows each trainer pass got this step (cost ledger)
         self.record_trajectories = record_settings(config).trajectories
         self.run_record = RunRecord(records_dir(config))
         self._training = False  # set when verl's training loop starts (after val_before_train)
@@ -193,6 +244,15 @@ class InfMemSyncTrainer(PPOTrainerSync):
                 "members. The agent-loop workers' log names each failure; raise the rate to tolerate transient ones."
             )
 
+    def _compute_old_log_prob(self, batch, metrics: dict):
+        if not rollout_bypassed(self.config):
+            self._passes["old_log_prob"] = batch_rows(batch)
+        return super()._compute_old_log_prob(batch, metrics)
+
+    def _compute_ref_log_prob(self, batch, metrics: dict):
+        self._passes["reference"] = batch_rows(batch)
+        return super()._compute_ref_log_prob(batch, metrics)
+
     def _update_actor(self, batch, metrics: dict):
         # verl's update takes ppo_mini_batch_size * n rows per optimizer step; size it for this
         # step's row count (a multiple of lcm(dp, n) * steps after _balance_batch's padding).
@@ -200,14 +260,59 @@ class InfMemSyncTrainer(PPOTrainerSync):
         n = self.config.actor_rollout_ref.rollout.n
         steps = self.infmem_train.optimizer_steps_per_rl_step
         configured = actor.ppo_mini_batch_size
-        actor.ppo_mini_batch_size = len(batch) // (steps * n)
+        dropped = self._drop_zero_advantage(batch, metrics) if self.infmem_cost.drop_zero_advantage else None
+        trained = dropped.batch if dropped is not None else batch
+        actor.ppo_mini_batch_size = len(trained) // (steps * n)
         try:
-            batch = super()._update_actor(batch, metrics)
+            super()._update_actor(trained, metrics)
         finally:
             actor.ppo_mini_batch_size = configured
+            if dropped is not None:
+                dropped.restore()
+        self._passes["update"] = batch_rows(trained)
         metrics["infmem/optimizer_steps"] = steps
-        metrics["infmem/rows_per_optimizer_step"] = len(batch) // steps
-        return batch
+        metrics["infmem/rows_per_optimizer_step"] = len(trained) // steps
+        return batch  # the whole step's batch: metrics and TransferQueue clean-up cover every row
+
+    def _drop_zero_advantage(self, batch, metrics: dict) -> _DroppedRows | None:
+        """The batch without its rows of exactly zero advantage (:func:`~infmem_verl.cost.rows_to_train`),
+        balanced over data-parallel ranks by verl, with the kept advantages scaled so the loss
+        normalisation is the full batch's (:func:`~infmem_verl.cost.kept_loss_scale`); None when
+        every row is trained."""
+        data = tq.kv_batch_get(
+            keys=batch.keys, partition_id=batch.partition_id, select_fields=["advantages", "response_mask"]
+        )
+        padded = data.to_padded_tensor()
+        zero = zero_advantage_rows(padded["advantages"], padded["response_mask"]).tolist()
+        rows = [replace(row, zero_advantage=z) for row, z in zip(batch_rows(batch), zero, strict=True)]
+        dp = max(self.actor_rollout_wg._dispatch_info["actor"]) + 1  # cached by verl's _balance_batch
+        selected = rows_to_train(rows, self._get_required_batch_multiple(dp))
+        metrics[f"{COST_PREFIX}/dropped_rows"] = float(len(rows) - len(selected)) if selected else 0.0
+        if selected is None:
+            return None
+        index = {key: i for i, key in enumerate(batch.keys)}
+        keep = [index[row.key] for row in selected]
+        tokens = padded["response_mask"].sum(dim=1)
+        scale = kept_loss_scale(
+            self.config.actor_rollout_ref.actor.loss_agg_mode, int(tokens[keep].sum()), int(tokens.sum())
+        )
+        keys = [batch.keys[i] for i in keep]
+        kept = KVBatchMeta(
+            partition_id=batch.partition_id,
+            keys=list(keys),
+            tags=[batch.tags[i] for i in keep],
+            fields=batch.fields,
+            extra_info=dict(batch.extra_info),
+        )
+        original = None
+        if scale != 1.0:
+            original = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=["advantages", "response_mask"])
+            scaled = original.to_padded_tensor()["advantages"] * scale
+            fields = TensorDict({"advantages": response_to_nested(scaled, original["response_mask"])}, batch_size=len(keys))
+            tq.kv_batch_put(keys=keys, partition_id=batch.partition_id, fields=fields)
+            original = original.select("advantages")
+        # verl's data-parallel balancing (the row count is already a multiple: nothing is padded)
+        return _DroppedRows(self._balance_batch(kept, metrics={}), keys, original)
 
     def _compute_advantage(self, batch, metrics: dict):
         batch = super()._compute_advantage(batch, metrics)
@@ -231,38 +336,59 @@ class InfMemSyncTrainer(PPOTrainerSync):
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch) -> None:
         """verl's metrics, then ours per trajectory; the step is appended to the run's records."""
         super()._compute_metrics(batch, metrics, timing_raw, global_steps=global_steps, epoch=epoch)
-        trajectories, gap = self._read_step(batch)
+        trajectories, gap, ledger = self._read_step(batch)
         metrics.update(summarize([t["values"] for t in trajectories]))
         metrics.update(gap)
+        metrics.update(ledger)
         metrics.update({f"{PREFIX}/{alias}": metrics[name] for name, alias in VERL_ALIASES.items() if name in metrics})
         self.run_record.log_step(global_steps, metrics)
         if self.record_trajectories:
             self.run_record.log_trajectories(global_steps, trajectories)
 
-    def _read_step(self, batch) -> tuple[list[dict], dict[str, float]]:
+    def _read_step(self, batch) -> tuple[list[dict], dict[str, float], dict[str, float]]:
         """One TransferQueue read of the batch's real (non-padding) sequences: their
-        :func:`trajectory_rows`, and the :func:`~infmem_verl.metrics.log_prob_gap` of the trainer's
-        old log-probs and the rollout's (when the rollout returned log-probs). Token counts come
-        from the tags verl's agent loop wrote, not from the token tensors."""
+        :func:`trajectory_rows`, the :func:`~infmem_verl.metrics.log_prob_gap` of the trainer's
+        old log-probs and the rollout's (when the rollout returned log-probs and the old-log-prob
+        pass ran), and the step's cost ledger (:mod:`infmem_verl.cost`). Token counts come from
+        the tags verl's agent loop wrote, not from the token tensors."""
         real = [(key, tag) for key, tag in zip(batch.keys, batch.tags, strict=True) if not tag.get("is_padding", False)]
         keys, tags = [key for key, _ in real], [tag for _, tag in real]
-        with_gap = self.config.actor_rollout_ref.rollout.calculate_log_probs
-        fields = ["extra_fields", "rm_scores"] + (list(LOG_PROB_FIELDS) if with_gap else [])
+        log_probs = bool(self.config.actor_rollout_ref.rollout.calculate_log_probs)
+        with_gap = log_probs and not rollout_bypassed(self.config)
+        fields = ["extra_fields", "rm_scores", "response_mask"] + (list(LOG_PROB_FIELDS[:2]) if with_gap else [])
         data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=fields)
         scores = [float(row.sum()) for row in data["rm_scores"].unbind()]
         # TransferQueue returns a non-tensor column as a list-like whose type depends on its backend.
+        extra_fields = list(data["extra_fields"])
         trajectories = trajectory_rows(
             keys,
-            list(data["extra_fields"]),
+            extra_fields,
             scores,
             [tag["prompt_len"] for tag in tags],
             [tag["response_len"] for tag in tags],
             with_turns=self.record_trajectories,
         )
+        ledger = self._ledger(batch, keys, extra_fields, data["response_mask"], log_probs)
         if not with_gap:
-            return trajectories, {}
+            return trajectories, {}, ledger
         padded = data.select(*LOG_PROB_FIELDS).to_padded_tensor()
-        return trajectories, log_prob_gap(*(padded[name] for name in LOG_PROB_FIELDS))
+        return trajectories, log_prob_gap(*(padded[name] for name in LOG_PROB_FIELDS)), ledger
+
+    def _ledger(self, batch, keys, extra_fields, response_mask, log_probs: bool) -> dict[str, float]:
+        """The step's cost ledger from the rows each pass got (recorded as verl handed them over),
+        the real rows' trained tokens (``response_mask``) and their turn facts."""
+        loss = dict(zip(keys, (int(row.sum()) for row in response_mask.unbind()), strict=True))
+        rows = [
+            Row(r.key, r.prompt, r.response, loss_tokens=loss.get(r.key, 0), padding=r.padding)
+            for r in batch_rows(batch)
+        ]
+        calls = {}
+        for key, facts in zip(keys, extra_fields, strict=True):
+            calls[key] = Call(int(facts.get("llm_calls", 1)), int(facts.get("prefill_tokens", 0)), loss[key])
+        passes = Passes(**{name: self._passes.get(name, ()) for name in ("old_log_prob", "reference", "update")})
+        self._passes = {}
+        remote = not scores_in_agent_loop(self.config)
+        return step_ledger(rows, calls, passes, reward_remote=remote, log_probs=log_probs).metrics()
 
     def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns, **kwargs):
         """verl's validation metrics plus ``val-infmem/...``: the same per-trajectory summary as training.
