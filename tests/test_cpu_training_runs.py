@@ -57,6 +57,7 @@ def _env(workdir: Path, metrics: Path) -> dict[str, str]:
         "INFMEM_CACHE": str(workdir / "cache"),  # where the smoke recipe builds its tiny model
         "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")])),
         "VERL_FILE_LOGGER_PATH": str(metrics),
+        "INFMEM_VERBOSE": "1",  # verl's and Ray's full output on stdout, where these tests read it
     }
 
 
@@ -67,6 +68,7 @@ def _short_smoke(workdir: Path, name: str, doc_tokens: int) -> list[str]:
         f"data.train_files={workdir / name}_train.parquet",
         f"data.val_files={workdir / name}_val.parquet",
         f"infmem.bootstrap.doc_tokens={doc_tokens}",
+        "infmem.bootstrap.model=tiny_qwen3",  # the random model: these runs test the pipeline, not learning
         "infmem.agent.document={chunk_tokens:800,unit_tokens:200,unit_overlap:40,paragraph_units:false}",
         "trainer.logger=[console,file]",
     ]
