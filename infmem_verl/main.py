@@ -29,6 +29,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from infmem_verl.agent.config import ConfigError
+from infmem_verl.console import console_mode, silence_known_warnings, take_verbose_flag
 from infmem_verl.cpu.backend import apply_cpu_backend, select_backend
 from infmem_verl.cpu.bootstrap import bootstrap_inputs
 from infmem_verl.reward.components import load_components
@@ -153,7 +154,8 @@ def run(config: DictConfig) -> PreparedRun:
     print(backend.message, flush=True)
     if backend.name == "cpu":
         apply_cpu_backend(config)
-    train(config)
+    with console_mode(config):  # compact console, full output to a log file (-v: everything here)
+        train(config)
     return prepared
 
 
@@ -180,8 +182,10 @@ def train(config: DictConfig) -> None:
 
 @hydra.main(config_path="conf", config_name="infmem_trainer", version_base=None)
 def main(config: DictConfig) -> None:
+    silence_known_warnings()
     run(config)
 
 
 if __name__ == "__main__":
+    take_verbose_flag(sys.argv)
     main()
