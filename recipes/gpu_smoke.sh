@@ -94,7 +94,7 @@ health_check() {
 A healthy smoke run: the backend line, then one 'step:N - ...' line per step with
 infmem/optimizer_steps equal to infmem.train.optimizer_steps_per_rl_step (2 here), finite
 actor/pg_loss and actor/grad_norm, infmem/llm_calls a few per chunk read, infmem/chunks_read
-between 1 and the chunks per document (4 for the 1K-token smoke data), and a small
+between 1 and the chunks per document (4 for the 16K-token smoke data), and a small
 infmem/log_prob_gap/mean (vLLM's log-probs against the FSDP actor's, per token).
 The smoke budgets are tiny (16 thinking tokens per call), so rewards stay near 0 with any
 model: this run proves the pipeline, not learning. Look at the curves with
@@ -139,7 +139,7 @@ model_override="actor_rollout_ref.model.path=${model}"
 train=(
   "${python}" -m infmem_verl.main +recipe=smoke
   infmem.backend=gpu trainer.nnodes=1 trainer.n_gpus_per_node=1
-  "${model_override}" infmem.bootstrap.model=tiny_qwen3
+  "${model_override}"
   "data.train_files=${out}/data/train.parquet" "data.val_files=${out}/data/val.parquet"
   "trainer.total_training_steps=${steps}" "trainer.test_freq=${steps}"
   "trainer.save_freq=${steps}" trainer.resume_mode=disable

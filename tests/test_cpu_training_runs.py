@@ -68,7 +68,6 @@ def _short_smoke(workdir: Path, name: str, doc_tokens: int) -> list[str]:
         f"data.train_files={workdir / name}_train.parquet",
         f"data.val_files={workdir / name}_val.parquet",
         f"infmem.bootstrap.doc_tokens={doc_tokens}",
-        "infmem.bootstrap.model=tiny_qwen3",  # the random model: these runs test the pipeline, not learning
         "infmem.agent.document={chunk_tokens:800,unit_tokens:200,unit_overlap:40,paragraph_units:false}",
         "trainer.logger=[console,file]",
     ]

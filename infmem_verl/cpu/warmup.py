@@ -2,8 +2,9 @@
 
 GRPO from a random model learns nothing in a smoke run: it never emits a parsable action or
 closes its thinking, so every trajectory scores the same and every advantage is zero. With
-``infmem.bootstrap.model: warm_qwen3`` the null model path of a bootstrapping recipe becomes a
-model warmed up the way the paper's recipe warms up its backbone, in miniature:
+``infmem.bootstrap.model: warm_qwen3`` (the demo recipe, ``make demo``) the null model path of a
+bootstrapping recipe becomes a model warmed up the way the paper's recipe warms up its backbone,
+in miniature:
 
 1. **distil** - the synthetic set's oracle (:func:`~infmem_verl.policy.scripted.oracle_policy`,
    which knows where the two facts are) runs the recipe's agent protocol, through
@@ -57,7 +58,7 @@ class WarmupError(RuntimeError):
 
 @dataclass(frozen=True)
 class WarmupSettings:
-    """``infmem.warmup``: the student, its data and its training (defaults: the smoke recipe's)."""
+    """``infmem.warmup``: the student, its data and its training (defaults: the demo recipe's)."""
 
     hidden_size: int = 64  # of the tiny Qwen3 student (two layers, Qwen3's full vocabulary)
     distill_samples: int = 64  # oracle trajectories (each gives about five SFT samples)
@@ -67,7 +68,7 @@ class WarmupSettings:
     lr: float = 2.0e-3
     heldout_samples: int = 16
     min_valid: float = 0.9  # least share of valid PreThink actions and of valid Writes
-    seed: int = 100
+    seed: int = 100  # of the distilled documents (held-out ones: seed + 1000)
 
     def validate(self, path: str) -> WarmupSettings:
         for name in ("hidden_size", "distill_samples", "sft_steps", "batch_size", "heldout_samples"):
@@ -229,7 +230,7 @@ def _sft(settings: WarmupSettings, work: Path) -> tuple[Path, list[float]]:
     from infmem_verl.assets import tiny_qwen3_dir
     from infmem_verl.sft.cpu import LOSS_LOG
 
-    student = tiny_qwen3_dir(hidden_size=settings.hidden_size, seed=settings.seed)
+    student = tiny_qwen3_dir(hidden_size=settings.hidden_size)  # the random model tiny_qwen3 runs
     out = work / "sft"
     losses_file = out / LOSS_LOG
     losses_file.unlink(missing_ok=True)  # a rerun trains from the start: its curve alone is kept
@@ -237,7 +238,7 @@ def _sft(settings: WarmupSettings, work: Path) -> tuple[Path, list[float]]:
         "-m", "infmem_verl.sft", "+recipe=sft_warmup", f"model.path={student}",
         f"data.train_files={work / 'distill' / 'sft_train.parquet'}", f"trainer.default_local_dir={out}",
         f"trainer.total_training_steps={settings.sft_steps}", f"data.train_batch_size={settings.batch_size}",
-        f"optim.lr={settings.lr}", f"trainer.seed={settings.seed}",
+        f"optim.lr={settings.lr}",
     ]  # fmt: skip
     _run("SFT", command, work / "sft.log", settings.sft_steps, _LineCount(losses_file))
     losses = [json.loads(line)["loss"] for line in losses_file.read_text().splitlines() if line.strip()]
