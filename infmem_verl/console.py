@@ -71,7 +71,15 @@ def silence_known_warnings() -> None:
     log file in console mode).
     """
     warnings.filterwarnings("ignore", category=UserWarning, module=r"verl\.workers\.engine")
-    logging.getLogger("verl.plugin.platform.platform_manager").setLevel(logging.ERROR)
+    # verl sets this logger's level when it imports the module (and warns during `import verl`),
+    # so a level set here would not hold: a filter on the logger itself does.
+    platform = logging.getLogger("verl.plugin.platform.platform_manager")
+    if _errors_only not in platform.filters:
+        platform.addFilter(_errors_only)
+
+
+def _errors_only(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.ERROR
 
 
 def step_lines(record: Mapping[str, Any], total: int, components: Sequence[str]) -> list[str]:

@@ -7,6 +7,7 @@ The full run (``python -m infmem_verl.main +recipe=smoke`` in console mode) is i
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -81,3 +82,15 @@ def test_known_harmless_warnings_are_silenced_where_they_are_raised():
 
         importlib.reload(verl.workers.engine)  # raises its "engine is not available" warnings again
     assert not [w for w in caught if "engine is not available" in str(w.message)]
+    from verl.plugin.platform import platform_manager
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger(platform_manager.__name__)
+    logger.addHandler(handler)
+    try:
+        platform_manager._create_platform("nvidia")  # warns on a machine without CUDA
+    finally:
+        logger.removeHandler(handler)
+    assert not records

@@ -109,7 +109,9 @@ def train_on_cpu(config: DictConfig) -> CPUTrainResult:
         result.loss_after = dataset_loss(model, dataset, collate, micro, pad_id)
     result.checkpoint = _save(model, tokenizer, root, step)
     result.seconds = time.perf_counter() - started
-    print(f"[sft-cpu] loss over the data {result.loss_before:.4f} -> {result.loss_after:.4f}; model: {result.checkpoint}")
+    if data_loss:
+        print(f"[sft-cpu] loss over the data {result.loss_before:.4f} -> {result.loss_after:.4f}")
+    print(f"[sft-cpu] model: {result.checkpoint}")
     return result
 
 
