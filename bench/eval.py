@@ -40,39 +40,9 @@ from infmem_verl.evaluation.data import CellSource, length_tokens
 from infmem_verl.evaluation.methods import build_methods
 from infmem_verl.evaluation.runner import Runner
 from infmem_verl.evaluation.store import ResultStore
-from infmem_verl.policy.scripted import ScriptedPolicy
+from infmem_verl.policy.scripted import oracle_policy
 
 SEED = 7
-THINK = "<think>\nChecking.\n</think>\n\n"
-
-
-# ---------------------------------------------------------------------------------------------
-# A scripted controller that knows where the facts are
-
-
-def oracle_policy(tokenizer, samples: Sequence[QASample]) -> ScriptedPolicy:
-    """Writer keeps every fact it has seen; controller retrieves for the missing fact and stops
-    once both facts are in the memory; answer from the memory. The call kind, the sample and
-    what the memory holds are read off the prompt text."""
-    by_question = {s.question: s for s in samples}
-
-    def respond(prompt: np.ndarray, params: SamplingParams) -> str:
-        text = tokenizer.decode(prompt.tolist())
-        sample = next(s for q, s in by_question.items() if q in text)
-        fact_a, fact_b = (f["text"] for f in sample.meta["facts"])
-        seen = [fact for fact in (fact_a, fact_b) if fact in text]
-        if "</current_chunk>" in text:
-            return THINK + (" ".join(seen) or "Nothing relevant yet.")
-        if "# Tools" in text:
-            if len(seen) == 2:
-                call = {"name": "stop", "arguments": {}}
-            else:
-                query = sample.meta["bridge"] if fact_a in seen else sample.question
-                call = {"name": "retrieve", "arguments": {"query": query, "top_k": 4}}
-            return THINK + f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
-        return THINK + f"\\boxed{{{sample.answers[0] if fact_b in seen else 'unknown'}}}"
-
-    return ScriptedPolicy(tokenizer, respond, record=False)
 
 
 def default_cfg():

@@ -66,11 +66,12 @@ OURS = Pipeline("ours", old_log_prob=False, reference=False, reward_remote=False
 
 def compose(recipe: str):
     from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
+    from infmem_verl import conf_dir
+    from hydra import initialize_config_dir
 
     from infmem_verl.main import prepare_config
 
-    with initialize_config_module("infmem_verl.conf", version_base=None):
+    with initialize_config_dir(str(conf_dir()), version_base=None):
         config = hydra_compose("infmem_trainer", overrides=[f"+recipe={recipe}"])
     prepare_config(config)
     return config

@@ -3,6 +3,7 @@
     python -m infmem_verl.distill --endpoint http://teacher:8000 --recipe infmem_4b \\
         --data data/hotpotqa_train_32k.parquet --out data/sft/qwen3_4b
     python -m infmem_verl.distill --recipe smoke --keep all --drop-flags none --out outputs/sft_smoke
+    python -m infmem_verl.distill --recipe demo --teacher oracle --samples 64 --out outputs/sft_oracle
 
 A teacher behind an OpenAI-compatible server (the reference: Qwen3-32B on vLLM), or without
 ``--endpoint`` an in-process model (the tiny random Qwen3 by default), runs the agent core's loop
@@ -11,7 +12,10 @@ The protocol is the RL recipe's: ``--recipe`` composes the top-level ``conf/`` e
 ``python -m infmem_verl.main +recipe=...`` does and takes its ``infmem.agent`` settings (budgets,
 thinking, stop rule, top-k range), so the student is taught the prompts it will meet in RL.
 ``--set`` adds Hydra overrides to that composition. Only decoding is the teacher's own
-(``--temperature 0.7 --top-p 0.95``, the reference's).
+(``--temperature 0.7 --top-p 0.95``, the reference's). ``--teacher oracle`` replaces the model
+by the scripted teacher of the synthetic set (:func:`~infmem_verl.policy.scripted.oracle_policy`:
+it knows where the two facts are), which is how the demo recipe's warm-up gets a student that
+follows the protocol without any model download.
 
 Output, in ``--out``:
 
@@ -115,6 +119,7 @@ class DistillConfig:
     samples: int | None = None  # None: every row (synthetic: 4)
     synthetic_length: str = "4k"
     source: ModelSource = TEACHER  # the teacher
+    teacher: Literal["model", "oracle"] = "model"  # oracle: the synthetic set's scripted teacher
     temperature: float = 0.7
     top_p: float = 0.95
     seed: int = 0
@@ -132,6 +137,10 @@ class DistillConfig:
     progress: bool = True
 
     def validate(self) -> DistillConfig:
+        if self.teacher not in ("model", "oracle"):
+            raise ConfigError(f"teacher: expected model or oracle, got {self.teacher!r}")
+        if self.teacher == "oracle" and (self.data is not None or self.source.endpoints):
+            raise ConfigError("teacher: oracle scripts the synthetic set only; drop --data and --endpoint")
         if self.keep not in ("correct", "all"):
             raise ConfigError(f"keep: expected correct or all, got {self.keep!r}")
         if self.metric not in ANSWER_METRICS:
@@ -531,6 +540,12 @@ async def run_teacher(cfg: DistillConfig, teacher: OpenedModel | None = None) ->
     agent_name, recipe_cfg = recipe_agent(cfg.recipe, cfg.overrides)
     agent_cfg = teacher_agent_config(cfg, recipe_cfg)
     hints = load_decompositions(cfg.decomposition) if cfg.decomposition else {}
+    source = None
+    if teacher is None and cfg.teacher == "oracle":
+        teacher, source = _oracle(cfg)
+        owned = False
+    else:
+        owned = teacher is None
     model = teacher or await open_model(cfg.source, "distill", cfg.seed)
     try:
         store = ResultStore(cfg.out, protocol(cfg, agent_name, agent_cfg, model.name, TokenizerStamp.of(model.tokenizer)))
@@ -539,12 +554,24 @@ async def run_teacher(cfg: DistillConfig, teacher: OpenedModel | None = None) ->
         shortener = ThinkingShortener(model.tokenizer, cfg.shorten) if cfg.shorten.enabled else None
         method = Teacher(agent, cfg, hints, shortener)
         runner = DistillRunner(model.policy, {agent_name: method}, store, cfg.source.concurrency, cfg.retry_failed, cfg.progress, turns=turns)
-        counts = await runner.run([_source(cfg, model.tokenizer)])
+        counts = await runner.run([source or _source(cfg, model.tokenizer)])
         print(f"[distill] this run: {counts.ran} samples run ({counts.failed} failed), {counts.skipped} already done")
     finally:
-        if teacher is None:
+        if owned:
             await model.close()
     return store, turns, agent_name, agent_cfg, model.tokenizer
+
+
+def _oracle(cfg: DistillConfig) -> tuple[OpenedModel, CellSource]:
+    """The scripted teacher of the synthetic set and the samples it knows (built once)."""
+    from infmem_verl.assets import load_tokenizer
+    from infmem_verl.policy.scripted import oracle_policy
+
+    tokenizer = load_tokenizer(str(cfg.source.tokenizer) if cfg.source.tokenizer else None)
+    source = _source(cfg, tokenizer)
+    samples = [item for item in source.items() if isinstance(item, QASample)]
+    known = CellSource(source.dataset, source.length, lambda: iter(samples))
+    return OpenedModel(oracle_policy(tokenizer, samples), tokenizer, "scripted-oracle"), known
 
 
 def saved_run(cfg: DistillConfig) -> tuple[ResultStore, TurnStore, str, AgentConfig, Any]:
@@ -591,6 +618,7 @@ def parse_args(argv: Sequence[str] | None = None) -> DistillConfig:
     parser.add_argument("--samples", type=int, help="first N rows only (synthetic: N samples, default 4)")
     parser.add_argument("--synthetic-length", default="4k", help="document length of the synthetic set")
     add_model_options(parser, "teacher", TEACHER)
+    parser.add_argument("--teacher", choices=("model", "oracle"), default="model", help="oracle: the synthetic set's scripted teacher instead of a model")
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--top-p", type=float, default=0.95)
     parser.add_argument("--seed", type=int, default=0)
@@ -619,6 +647,7 @@ def parse_args(argv: Sequence[str] | None = None) -> DistillConfig:
         samples=args.samples,
         synthetic_length=args.synthetic_length,
         source=model_source(args),
+        teacher=args.teacher,
         temperature=args.temperature,
         top_p=args.top_p,
         seed=args.seed,

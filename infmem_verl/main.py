@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from infmem_verl import conf_dir
 from infmem_verl.agent.config import ConfigError
 from infmem_verl.cost import apply_cost_levers, dry_run_ledger
+from infmem_verl.console import console_mode, silence_known_warnings, take_verbose_flag
 from infmem_verl.cpu.backend import apply_cpu_backend, select_backend
 from infmem_verl.cpu.bootstrap import bootstrap_inputs
 from infmem_verl.preflight import Preflight, preflight, resolve_paths
@@ -156,7 +157,8 @@ def run(config: DictConfig) -> PreparedRun:
     print(backend.message, flush=True)
     if backend.name == "cpu":
         apply_cpu_backend(config)
-    train(config)
+    with console_mode(config):  # compact console, full output to a log file (-v: everything here)
+        train(config)
     return prepared
 
 
@@ -183,6 +185,7 @@ def train(config: DictConfig) -> None:
 
 @hydra.main(config_path=str(conf_dir()), config_name="infmem_trainer", version_base=None)
 def main(config: DictConfig) -> None:
+    silence_known_warnings()
     try:
         run(config)
     except ConfigError as err:
@@ -191,4 +194,5 @@ def main(config: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    take_verbose_flag(sys.argv)
     main()

@@ -11,9 +11,11 @@ holds everything a person opens after a run):
 * ``trajectories/step_<N>.jsonl`` (optional) - one line per trajectory of step N: its ``key``, its
   ``values`` (reward, ``reward_extra_info``, the figures of :mod:`infmem_verl.metrics`) and its
   ``turns`` (every turn's facts with its token counts; memory text left out).
-* ``run_summary.png`` - reward, accuracy and chunks read over steps (training lines, validation
-  points), for people who would rather look than read; drawn from ``steps.jsonl`` at the end of
-  a run, so it covers every step of a resumed run too.
+* ``run_summary.png`` - reward, its components, accuracy and chunks read over steps (training
+  lines, validation points), and, for a model the warm-up made (:mod:`infmem_verl.cpu.warmup`),
+  its SFT loss curve first: the whole recipe in one picture, for people who would rather look
+  than read; drawn from ``steps.jsonl`` at the end of a run, so it covers every step of a
+  resumed run too.
 
 ``infmem.records`` configures it: ``dir`` (null: the TensorBoard folder) and ``trajectories``
 (write the per-trajectory files; off by default, since a 128-prompt step holds thousands of turns).
@@ -54,6 +56,8 @@ PANELS = (
     Panel("accuracy", "infmem/acc", "val-infmem/acc"),
     Panel("chunks read", "infmem/chunks_read", "val-infmem/chunks_read"),
 )
+# The panel of the reward's components: one training line and validation points per component.
+COMPONENTS_PANEL = Panel("reward components", "", "")
 
 
 @dataclass(frozen=True)
@@ -136,8 +140,12 @@ class RunRecord:
         path = self.trajectories_file(step)
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
-    def plot(self, title: str = "") -> Path | None:
-        """Draw ``run_summary.png`` from ``steps.jsonl``; None when no step was logged."""
+    def plot(self, title: str = "", components: Sequence[str] = (), sft_losses: Sequence[float] = ()) -> Path | None:
+        """Draw ``run_summary.png`` from ``steps.jsonl``; None when no step was logged.
+
+        ``components``: reward components drawn in their own panel (training lines, validation
+        points); ``sft_losses``: the warm-up's loss per SFT step, drawn first when given.
+        """
         steps = self.steps()
         if not steps:
             return None
@@ -147,15 +155,29 @@ class RunRecord:
         import matplotlib.pyplot as plt
         from matplotlib.ticker import MaxNLocator
 
-        fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.4), squeeze=False)
-        for ax, panel in zip(axes[0], PANELS):
-            for key, style, label in ((panel.train, ".-", "train"), (panel.val, "o", "validation")):
-                points = [(s["step"], s[key]) for s in steps if key in s]
-                if points:
-                    xs, ys = zip(*points)
-                    ax.plot(xs, ys, style, label=label, markersize=5)
+        panels = [PANELS[0], *([COMPONENTS_PANEL] if components else []), *PANELS[1:]]
+        count = len(panels) + bool(sft_losses)
+        fig, axes = plt.subplots(1, count, figsize=(4.2 * count, 3.4), squeeze=False)
+        axes = list(axes[0])
+        if sft_losses:
+            ax = axes.pop(0)
+            ax.plot(range(1, len(sft_losses) + 1), sft_losses, "-", linewidth=1)
+            ax.set_title("warm-up SFT loss")
+            ax.set_xlabel("SFT step")
+            ax.grid(alpha=0.3)
+        for ax, panel in zip(axes, panels):
+            if panel is COMPONENTS_PANEL:
+                series = [(f"infmem/{c}", f"val-infmem/{c}", c) for c in components]
+            else:
+                series = [(panel.train, panel.val, "")]
+            for train, val, name in series:
+                for key, style, label in ((train, ".-", "train"), (val, "o", "validation")):
+                    points = [(s["step"], s[key]) for s in steps if key in s]
+                    if points:
+                        xs, ys = zip(*points)
+                        ax.plot(xs, ys, style, label=f"{name} {label}".strip(), markersize=5)
             ax.set_title(panel.title)
-            ax.set_xlabel("step")
+            ax.set_xlabel("RL step")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.grid(alpha=0.3)
             if ax.has_data():

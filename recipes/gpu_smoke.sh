@@ -199,7 +199,8 @@ if [[ "${DRY_RUN}" == 1 ]]; then
   run env "TENSORBOARD_DIR=${out}/tensorboard" "${train[@]}"
 else
   mkdir -p "${out}"
-  (cd "${out}" && TENSORBOARD_DIR="${out}/tensorboard" "${train[@]}") 2>&1 | tee "${log}"
+  # INFMEM_VERBOSE: verl's full output in the log, which the health check reads.
+  (cd "${out}" && INFMEM_VERBOSE=1 TENSORBOARD_DIR="${out}/tensorboard" "${train[@]}") 2>&1 | tee "${log}"
 fi
 
 # --- export and check ------------------------------------------------------------------------

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hydra import compose, initialize_config_module
+from hydra import compose, initialize_config_dir
+from infmem_verl import conf_dir
 from tensordict import TensorDict
 
 from infmem_verl.agent.config import ConfigError
@@ -33,7 +34,7 @@ from infmem_verl.rollout.settings import TrainSettings, agent_settings, cost_set
 
 
 def make_config(*overrides: str):
-    with initialize_config_module("infmem_verl.conf", version_base=None):
+    with initialize_config_dir(str(conf_dir()), version_base=None):
         return compose("infmem_trainer", overrides=list(overrides))
 
 

@@ -230,7 +230,7 @@ def test_bootstrap_builds_missing_data_once_and_keeps_existing_files(tmp_path, t
     "override, message",
     [
         ("infmem.bootstrap.doc_tokens=0", r"infmem\.bootstrap\.doc_tokens: expected an integer >= 1, got 0"),
-        ("infmem.bootstrap.model=llama", r"infmem\.bootstrap\.model: expected one of \['tiny_qwen3'\]"),
+        ("infmem.bootstrap.model=llama", r"infmem\.bootstrap\.model: expected one of \['tiny_qwen3', 'warm_qwen3'\]"),
         ("+infmem.bootstrap.samples=3", r"infmem\.bootstrap\.samples: unknown key"),
     ],
 )

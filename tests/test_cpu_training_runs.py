@@ -62,6 +62,7 @@ def _env(workdir: Path, metrics: Path) -> dict[str, str]:
         "INFMEM_CACHE": str(workdir / "cache"),  # where the smoke recipe builds its tiny model
         "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")])),
         "VERL_FILE_LOGGER_PATH": str(metrics),
+        "INFMEM_VERBOSE": "1",  # verl's and Ray's full output on stdout, where these tests read it
     }
 
 

@@ -177,6 +177,19 @@ def test_run_record_merges_the_lines_of_a_step_and_plots_the_summary(tmp_path):
     assert path == tmp_path / "tb" / SUMMARY_PNG and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_run_summary_tells_the_whole_recipe_warm_up_loss_first_then_reward_components(tmp_path):
+    from PIL import Image
+
+    record = RunRecord(tmp_path)
+    for step in (1, 2):
+        record.log_step(step, {"infmem/reward": 0.5 * step, "infmem/protocol": 0.4 * step, "infmem/early_stop": 0.1})
+    widths = {}
+    for name, kwargs in (("rl", {}), ("recipe", {"components": ["protocol", "early_stop"], "sft_losses": [11.9, 6.0, 2.5]})):
+        widths[name] = Image.open(record.plot(**kwargs)).size[0]
+    # One panel is 4.2 in at 110 dpi: reward, accuracy, chunks read; then + SFT loss + components.
+    assert widths == {"rl": round(3 * 4.2 * 110), "recipe": round(5 * 4.2 * 110)}
+
+
 
 def test_records_go_next_to_the_tensorboard_events_unless_configured(monkeypatch, tmp_path):
     def config(records=None):

@@ -31,6 +31,7 @@ def make_config(*overrides: str):
 
 def test_all_recipes_exist():
     assert RECIPES == [
+        "demo",
         "infmem_1p7b",
         "infmem_4b",
         "infmem_qwen25_7b",
@@ -268,5 +269,5 @@ def test_a_regular_install_ships_every_config(tmp_path):
                            "-w", str(tmp_path)], capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     [wheel] = tmp_path.glob("*.whl")
-    shipped = {n.removeprefix("infmem_verl/conf/") for n in zipfile.ZipFile(wheel).namelist() if n.startswith("infmem_verl/conf/")}
+    shipped = {n.removeprefix("conf/") for n in zipfile.ZipFile(wheel).namelist() if n.startswith("conf/")}
     assert shipped == {str(p.relative_to(repo / "conf")) for p in (repo / "conf").rglob("*.yaml")}

@@ -2,7 +2,8 @@
 
 The smoke recipe must run on a fresh machine with no model hub and no dataset: with
 ``infmem.bootstrap`` set, a null ``actor_rollout_ref.model.path`` becomes the tiny random Qwen3
-(real Qwen3 tokenizer) built locally, and missing train/val parquet files are written with
+(real Qwen3 tokenizer) built locally, or (``model: warm_qwen3``) that model warmed up to follow
+the protocol by distillation and SFT (:mod:`infmem_verl.cpu.warmup`), and missing train/val parquet files are written with
 synthetic two-hop questions over real Wikipedia text (documents by reference, as
 ``python -m infmem_verl.rollout.dataset --synthetic`` writes them). Existing files are used as
 they are. Relative data paths are made absolute, since Ray workers need not share the launcher's
@@ -28,7 +29,7 @@ VAL_SEED_OFFSET = 1000
 class BootstrapSettings:
     """``infmem.bootstrap``: what to build when missing."""
 
-    model: Literal["tiny_qwen3"] = "tiny_qwen3"  # used when actor_rollout_ref.model.path is null
+    model: Literal["tiny_qwen3", "warm_qwen3"] = "tiny_qwen3"  # used when actor_rollout_ref.model.path is null
     train_samples: int = 4
     val_samples: int = 2
     doc_tokens: int = 16000
@@ -68,11 +69,9 @@ def bootstrap_inputs(config: DictConfig) -> list[str]:
     provided = []
     with open_dict(config):
         if config.actor_rollout_ref.model.path is None:
-            from infmem_verl.assets import tiny_qwen3_dir
-
-            path = str(tiny_qwen3_dir(seed=settings.seed))  # built once, then cached
+            path, what = _model(config, settings)  # built once, then cached
             config.actor_rollout_ref.model.path = path
-            provided.append(f"model: tiny random Qwen3 with the real Qwen3 tokenizer at {path}")
+            provided.append(f"model: {what} at {path}")
         for key, count, seed in (
             ("data.train_files", settings.train_samples, settings.seed),
             ("data.val_files", settings.val_samples, settings.seed + VAL_SEED_OFFSET),
@@ -84,6 +83,17 @@ def bootstrap_inputs(config: DictConfig) -> list[str]:
                 documents = f"{settings.doc_tokens}-token documents"
                 provided.append(f"{key}: wrote {count} synthetic two-hop questions over {documents} to {path}")
     return provided
+
+
+def _model(config: DictConfig, settings: BootstrapSettings) -> tuple[str, str]:
+    if settings.model == "warm_qwen3":
+        from infmem_verl.cpu.warmup import launch_command, warm_qwen3_dir
+
+        path = warm_qwen3_dir(config, *launch_command(config))
+        return str(path), "tiny Qwen3 warmed up on the oracle's distilled trajectories"
+    from infmem_verl.assets import tiny_qwen3_dir
+
+    return str(tiny_qwen3_dir(seed=settings.seed)), "tiny random Qwen3 with the real Qwen3 tokenizer"
 
 
 def _write_synthetic(path: str, count: int, doc_tokens: int, seed: int) -> None:

@@ -439,9 +439,16 @@ class InfMemSyncTrainer(PPOTrainerSync):
 
     def _plot_summary(self) -> None:
         """Draw the run summary; a plotting failure is reported, never allowed to fail the run."""
+        from infmem_verl.cpu.warmup import warmup_report
+
         trainer = self.config.trainer
+        warmup = warmup_report(self.config.actor_rollout_ref.model.path)
         try:
-            path = self.run_record.plot(title=f"{trainer.project_name} / {trainer.experiment_name}")
+            path = self.run_record.plot(
+                title=f"{trainer.project_name} / {trainer.experiment_name}",
+                components=list(self.config.infmem.reward.components),
+                sft_losses=warmup.sft_losses if warmup else (),
+            )
         except Exception:
             logging.getLogger(__name__).exception(
                 "run summary plot failed; the run's records are in %s", self.run_record.directory

@@ -17,10 +17,14 @@ decides *what* is trained and swaps only the FSDP engine:
 What differs: one process, float32, micro-batches run as right-padded batches of the Hugging Face
 model (log-probs are only computed where the mask trains, the rest are zeros that the mask drops),
 and the checkpoint is the Hugging Face folder verl writes under ``global_step_N/huggingface``.
+Each step's loss and learning rate are also appended to ``sft_losses.jsonl`` in
+``trainer.default_local_dir`` (flushed per step: the warm-up's progress bar and its loss curve
+read it).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -35,10 +39,12 @@ from infmem_verl.cpu.engine import build_lr_scheduler, load_model
 
 from .launch import optimizer_steps
 
+LOSS_LOG = "sft_losses.jsonl"
+
 @dataclass
 class CPUTrainResult:
-    """What a CPU SFT run did: per-step losses, the loss over the data before and after, and the
-    checkpoint folder (a Hugging Face model, the RL recipes' ``model.path``)."""
+    """What a CPU SFT run did: per-step losses, the loss over the data before and after (NaN with
+    ``sft.data_loss`` off), and the checkpoint folder (a Hugging Face model, the RL recipes' ``model.path``)."""
 
     steps: int
     losses: list[float] = field(default_factory=list)
@@ -75,8 +81,13 @@ def train_on_cpu(config: DictConfig) -> CPUTrainResult:
     pad_id = tokenizer.pad_token_id or 0
 
     result = CPUTrainResult(steps=steps)
-    result.loss_before = dataset_loss(model, dataset, collate, micro, pad_id)
+    data_loss = bool(config.sft.get("data_loss", True))
+    if data_loss:
+        result.loss_before = dataset_loss(model, dataset, collate, micro, pad_id)
     model.train()
+    root = Path(config.trainer.default_local_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    loss_log = (root / LOSS_LOG).open("w")
     step = 0
     while step < steps:
         for items in loader:
@@ -87,13 +98,20 @@ def train_on_cpu(config: DictConfig) -> CPUTrainResult:
             scheduler.step()
             step += 1
             result.losses.append(loss)
-            print(f"[sft-cpu] step {step}/{steps} loss {loss:.4f} lr {scheduler.get_last_lr()[0]:.3g}")
+            lr = scheduler.get_last_lr()[0]
+            print(f"[sft-cpu] step {step}/{steps} loss {loss:.4f} lr {lr:.3g}")
+            loss_log.write(json.dumps({"step": step, "loss": loss, "lr": lr}) + "\n")
+            loss_log.flush()
             if step >= steps:
                 break
-    result.loss_after = dataset_loss(model, dataset, collate, micro, pad_id)
-    result.checkpoint = _save(model, tokenizer, Path(config.trainer.default_local_dir), step)
+    loss_log.close()
+    if data_loss:
+        result.loss_after = dataset_loss(model, dataset, collate, micro, pad_id)
+    result.checkpoint = _save(model, tokenizer, root, step)
     result.seconds = time.perf_counter() - started
-    print(f"[sft-cpu] loss over the data {result.loss_before:.4f} -> {result.loss_after:.4f}; model: {result.checkpoint}")
+    if data_loss:
+        print(f"[sft-cpu] loss over the data {result.loss_before:.4f} -> {result.loss_after:.4f}")
+    print(f"[sft-cpu] model: {result.checkpoint}")
     return result
 
 
@@ -130,6 +148,9 @@ def _log_probs(model, data: TensorDict, pad_id: int) -> torch.Tensor:
 
     Only positions whose next token is trained are computed: with Qwen's 152K vocabulary a full
     log-softmax over a long prompt would dominate the run, and the mask zeroes the others anyway.
+    Rows are right-padded and attention is causal, so no real token ever sees a pad: no attention
+    mask is passed, which lets PyTorch's fused causal attention run (about twice as fast on CPU
+    as the masked path, the same values at every real position).
     """
     input_ids, loss_mask = data["input_ids"], data["loss_mask"]
     sequences = list(input_ids.unbind())
@@ -137,13 +158,11 @@ def _log_probs(model, data: TensorDict, pad_id: int) -> torch.Tensor:
     lengths = [len(s) for s in sequences]
     width = max(lengths)
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(sequences), width), dtype=torch.long)
     targets = torch.zeros((len(sequences), width), dtype=torch.bool)
     for row, (sequence, mask) in enumerate(zip(sequences, masks)):
         ids[row, : len(sequence)] = sequence
-        attention[row, : len(sequence)] = 1
         targets[row, : len(sequence) - 1] = mask[1:].bool()
-    hidden = model.get_decoder()(input_ids=ids, attention_mask=attention).last_hidden_state
+    hidden = model.get_decoder()(input_ids=ids).last_hidden_state
     rows, cols = targets.nonzero(as_tuple=True)
     logits = model.get_output_embeddings()(hidden[rows, cols]).float()
     picked = torch.log_softmax(logits, dim=-1).gather(-1, ids[rows, cols + 1].unsqueeze(-1)).squeeze(-1)

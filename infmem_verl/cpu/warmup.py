@@ -1,0 +1,365 @@
+"""The warm-up of self-contained runs: a tiny Qwen3 that follows the protocol, built once and cached.
+
+GRPO from a random model learns nothing in a smoke run: it never emits a parsable action or
+closes its thinking, so every trajectory scores the same and every advantage is zero. With
+``infmem.bootstrap.model: warm_qwen3`` (the demo recipe, ``make demo``) the null model path of a
+bootstrapping recipe becomes a model warmed up the way the paper's recipe warms up its backbone,
+in miniature:
+
+1. **distil** - the synthetic set's oracle (:func:`~infmem_verl.policy.scripted.oracle_policy`,
+   which knows where the two facts are) runs the recipe's agent protocol, through
+   ``python -m infmem_verl.distill --teacher oracle`` (every finished trajectory kept);
+2. **SFT** - the tiny random Qwen3 (:func:`~infmem_verl.assets.tiny_qwen3_dir`) is fine-tuned on
+   those calls through ``python -m infmem_verl.sft +recipe=sft_warmup`` (the CPU loop);
+3. **check** - the SFT model runs the recipe's agent with the RL rollout's sampling on held-out
+   synthetic documents (another seed): the share of PreThink turns whose action parsed and of
+   Writes that closed their thinking within the memory cap (the protocol reward's definitions),
+   retrieval, early stopping and accuracy are measured. A model under ``min_valid`` on either
+   rate is refused, so a run never starts RL from a model that cannot follow the protocol.
+
+Everything lives in ``<cache>/warm-qwen3-<key>/`` (``INFMEM_CACHE``, default
+``~/.cache/infmem_verl``): ``model/`` (the Hugging Face folder RL starts from), ``warmup.json``
+(settings, SFT losses, held-out figures; the run summary plots the losses) and ``work/`` (the
+distillation records, SFT checkpoints and both commands' logs). ``key`` hashes the warm-up
+settings and the agent protocol, so a change of either builds a new model and a finished one is
+reused as it is. Both commands are resumable; the model folder appears only when all is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from omegaconf import DictConfig
+
+from infmem_verl.agent.config import AgentConfig, ConfigError
+from infmem_verl.rollout.settings import agent_settings, read_settings
+
+WARMUP_KEY = "infmem.warmup"
+REPORT = "warmup.json"
+# Held-out documents come from another seed than the distilled ones, so none was seen in SFT.
+HELDOUT_SEED_OFFSET = 1000
+
+
+class WarmupError(RuntimeError):
+    """A warm-up stage failed, or the warmed model is below its protocol threshold."""
+
+
+@dataclass(frozen=True)
+class WarmupSettings:
+    """``infmem.warmup``: the student, its data and its training (defaults: the demo recipe's)."""
+
+    hidden_size: int = 64  # of the tiny Qwen3 student (two layers, Qwen3's full vocabulary)
+    distill_samples: int = 64  # oracle trajectories (each gives about five SFT samples)
+    doc_tokens: int = 1024  # synthetic document length, distilled and held out
+    sft_steps: int = 100
+    batch_size: int = 8
+    lr: float = 2.0e-3
+    heldout_samples: int = 16
+    min_valid: float = 0.9  # least share of valid PreThink actions and of valid Writes
+    seed: int = 100  # of the distilled documents (held-out ones: seed + 1000)
+
+    def validate(self, path: str) -> WarmupSettings:
+        for name in ("hidden_size", "distill_samples", "sft_steps", "batch_size", "heldout_samples"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{path}.{name}: expected an integer >= 1, got {getattr(self, name)!r}")
+        if self.doc_tokens < 512:
+            raise ConfigError(f"{path}.doc_tokens: expected an integer >= 512, got {self.doc_tokens!r}")
+        if not self.lr > 0:
+            raise ConfigError(f"{path}.lr: expected a number > 0, got {self.lr!r}")
+        if not 0 <= self.min_valid <= 1:
+            raise ConfigError(f"{path}.min_valid: expected a number in [0, 1], got {self.min_valid!r}")
+        if self.hidden_size % 32:
+            raise ConfigError(f"{path}.hidden_size: expected a multiple of 32 (head_dim), got {self.hidden_size!r}")
+        return self
+
+
+@dataclass
+class HeldOut:
+    """What the warmed model does on held-out documents: per-turn protocol validity and the
+    figures the RL run logs per trajectory (means over trajectories)."""
+
+    samples: int
+    prethink_valid: float  # PreThink turns whose action parsed
+    write_valid: float  # Writes that closed their thinking and stayed within the memory cap
+    retrieval_calls: float
+    chunks_read: float
+    stopped_early: float
+    early_stop: float  # the early-stop reward component
+    accuracy: float  # exact match of the boxed answer
+
+    def line(self) -> str:
+        return (
+            f"held-out {self.samples} docs: PreThink actions valid {self.prethink_valid:.0%}, "
+            f"Writes valid {self.write_valid:.0%} | retrievals {self.retrieval_calls:.1f}/traj, "
+            f"chunks read {self.chunks_read:.1f}, stopped early {self.stopped_early:.0%}, "
+            f"early-stop reward {self.early_stop:.2f}, accuracy {self.accuracy:.0%}"
+        )
+
+
+@dataclass
+class WarmupReport:
+    """``warmup.json``: how the model was made and what it reached."""
+
+    settings: dict[str, Any]
+    protocol_key: str
+    sft_losses: list[float] = field(default_factory=list)
+    heldout: HeldOut | None = None
+    seconds: dict[str, float] = field(default_factory=dict)  # per stage
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def read(cls, path: Path) -> WarmupReport:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        heldout = data.pop("heldout", None)
+        return cls(**data, heldout=HeldOut(**heldout) if heldout else None)
+
+
+def warmup_settings(config: DictConfig) -> WarmupSettings:
+    return read_settings(WarmupSettings, config, WARMUP_KEY, required=False)
+
+
+def warm_qwen3_dir(
+    config: DictConfig, recipe: str, overrides: Sequence[str] = (), cache_dir: Path | None = None, say: Callable[[str], None] = print
+) -> Path:
+    """The warmed model folder for ``config`` (built when absent; see the module docstring).
+
+    ``recipe`` and ``overrides`` compose the same agent protocol in the distillation command as
+    in ``config`` (the launcher passes its own command line).
+    """
+    from infmem_verl.assets import DEFAULT_CACHE
+
+    settings = warmup_settings(config)
+    agent_name = config.actor_rollout_ref.rollout.agent.default_agent_loop.removesuffix("_agent")
+    agent_cfg = agent_settings(config)
+    key = protocol_key(settings, agent_name, agent_cfg)
+    root = (cache_dir or DEFAULT_CACHE) / f"warm-qwen3-{key}"
+    model = root / "model"
+    if (model / "config.json").is_file() and (root / REPORT).is_file():
+        return model
+    work = root / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    report = WarmupReport(dataclasses.asdict(settings), key)
+    say(f"warm-up: building the warmed tiny Qwen3 once (cached in {root}; logs in {work})")
+
+    started = time.perf_counter()
+    _distill(settings, recipe, overrides, work)
+    report.seconds["distill"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    checkpoint, report.sft_losses = _sft(settings, work)
+    report.seconds["sft"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    report.heldout = heldout_check(checkpoint, agent_name, _sampling(config, agent_cfg), settings)
+    report.seconds["check"] = time.perf_counter() - started
+    say(f"warm-up: {report.heldout.line()}")
+    if min(report.heldout.prethink_valid, report.heldout.write_valid) < settings.min_valid:
+        raise WarmupError(
+            f"{WARMUP_KEY}: the warmed model follows the protocol on fewer than min_valid={settings.min_valid:.0%} "
+            f"of held-out turns ({report.heldout.line()}); raise sft_steps, distill_samples or hidden_size"
+        )
+    tmp = root / f"model.tmp{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(checkpoint, tmp)
+    tmp.rename(model)
+    (root / REPORT).write_text(json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
+    return model
+
+
+def launch_command(config: DictConfig) -> tuple[str, list[str]]:
+    """The recipe and the other command-line overrides of this launch (Hydra's), for the
+    distillation command to compose the same protocol; outside a Hydra app, ``recipe_name``."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return str(config.recipe_name), []
+    recipe, others = str(config.recipe_name), []
+    for override in HydraConfig.get().overrides.task:
+        if override.startswith("+recipe="):
+            recipe = override.removeprefix("+recipe=")
+        else:
+            others.append(override)
+    return recipe, others
+
+
+def warmup_report(model_path: str | Path) -> WarmupReport | None:
+    """The warm-up report of a model folder this module built; None for any other model."""
+    path = Path(model_path).parent / REPORT
+    return WarmupReport.read(path) if path.is_file() else None
+
+
+def protocol_key(settings: WarmupSettings, agent: str, agent_cfg: AgentConfig) -> str:
+    """A short hash of everything that decides the warmed model (sampling settings excluded:
+    they do not change what is distilled)."""
+    protocol = dataclasses.asdict(dataclasses.replace(agent_cfg, temperature=1.0, top_p=1.0, top_k=-1))
+    text = json.dumps({"settings": dataclasses.asdict(settings), "agent": agent, "protocol": protocol}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+# ------------------------------------------------------------------------------------ stages
+
+
+def _distill(settings: WarmupSettings, recipe: str, overrides: Sequence[str], work: Path) -> None:
+    out = work / "distill"
+    command = [
+        "-m", "infmem_verl.distill", "--recipe", recipe, "--teacher", "oracle",
+        "--samples", str(settings.distill_samples), "--synthetic-length", str(settings.doc_tokens),
+        "--seed", str(settings.seed), "--keep", "all", "--drop-flags", "none", "--no-progress", "--out", str(out),
+    ]  # fmt: skip
+    for override in overrides:
+        command += ["--set", override]
+    progress = _LineCount(out / "results.jsonl")
+    _run("distil", command, work / "distill.log", settings.distill_samples, progress)
+
+
+def _sft(settings: WarmupSettings, work: Path) -> tuple[Path, list[float]]:
+    from infmem_verl.assets import tiny_qwen3_dir
+    from infmem_verl.sft.cpu import LOSS_LOG
+
+    student = tiny_qwen3_dir(hidden_size=settings.hidden_size)  # the random model tiny_qwen3 runs
+    out = work / "sft"
+    losses_file = out / LOSS_LOG
+    losses_file.unlink(missing_ok=True)  # a rerun trains from the start: its curve alone is kept
+    command = [
+        "-m", "infmem_verl.sft", "+recipe=sft_warmup", f"model.path={student}",
+        f"data.train_files={work / 'distill' / 'sft_train.parquet'}", f"trainer.default_local_dir={out}",
+        f"trainer.total_training_steps={settings.sft_steps}", f"data.train_batch_size={settings.batch_size}",
+        f"optim.lr={settings.lr}",
+    ]  # fmt: skip
+    _run("SFT", command, work / "sft.log", settings.sft_steps, _LineCount(losses_file))
+    losses = [json.loads(line)["loss"] for line in losses_file.read_text().splitlines() if line.strip()]
+    return out / f"global_step_{settings.sft_steps}" / "huggingface", losses
+
+
+def _sampling(config: DictConfig, agent_cfg: AgentConfig) -> AgentConfig:
+    """The agent with the RL rollout's sampling: what GRPO will see from the model."""
+    rollout = config.actor_rollout_ref.rollout
+    return dataclasses.replace(agent_cfg, temperature=float(rollout.temperature), top_p=float(rollout.top_p), record_token_ids=False)
+
+
+def heldout_check(model_dir: Path, agent_name: str, agent_cfg: AgentConfig, settings: WarmupSettings) -> HeldOut:
+    """Run the agent with the model at ``model_dir`` on held-out synthetic documents."""
+    from infmem_verl.agent.loops import build_agent
+    from infmem_verl.data.synthetic import make_dataset
+    from infmem_verl.policy.transformers import TransformersPolicy
+    from infmem_verl.reward.components import TrajectoryRecord, action_failed, early_stop, memory_failed, outcome
+    from infmem_verl.rollout.facts import turn_facts
+
+    policy = TransformersPolicy.from_pretrained(model_dir, seed=settings.seed, max_batch=settings.heldout_samples)
+    agent = build_agent(agent_name, agent_cfg, policy.tokenizer)
+    samples = make_dataset(settings.heldout_samples, settings.doc_tokens, policy.tokenizer, seed=settings.seed + HELDOUT_SEED_OFFSET)
+    bar = _Bar("check", len(samples))
+
+    async def one(sample):
+        trajectory = await agent.run(policy, sample.question, sample.context)
+        bar.advance()
+        turns = [turn_facts(trajectory, i, turn) for i, turn in enumerate(trajectory.turns)]
+        return trajectory, TrajectoryRecord(turns, list(sample.answers))
+
+    async def run_all():
+        async with policy:
+            return await asyncio.gather(*(one(s) for s in samples))
+
+    runs = asyncio.run(run_all())
+    bar.close()
+    turns = [t for _, record in runs for t in record.turns]
+    prethinks = [t for t in turns if t.turn_kind == "prethink"]
+    writes = [t for t in turns if t.turn_kind == "write"]
+    summaries = [trajectory.summary() for trajectory, _ in runs]
+
+    def mean(values) -> float:
+        values = list(values)
+        return sum(values) / len(values) if values else float("nan")
+
+    return HeldOut(
+        samples=len(samples),
+        prethink_valid=mean(not action_failed(t) for t in prethinks),
+        write_valid=mean(not memory_failed(t) for t in writes),
+        retrieval_calls=mean(s.retrieval_calls for s in summaries),
+        chunks_read=mean(s.chunks_read for s in summaries),
+        stopped_early=mean(s.stopped_early for s in summaries),
+        early_stop=mean(early_stop(record) for _, record in runs),
+        accuracy=mean(outcome(record) for _, record in runs),
+    )
+
+
+# ------------------------------------------------------------------------------- subprocesses
+
+
+class _LineCount:
+    """Progress of a command read off the lines of the file it appends to as it goes."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __call__(self) -> int:
+        try:
+            with self.path.open("rb") as file:
+                return sum(1 for line in file if line.strip())
+        except FileNotFoundError:
+            return 0
+
+
+def _run(stage: str, module_args: list[str], log: Path, total: int, progress: Callable[[], int]) -> None:
+    """Run ``python <module_args>`` with its output in ``log``, a progress bar on the console;
+    a failure raises :class:`WarmupError` with the end of the log."""
+    bar = _Bar(stage, total)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with log.open("w") as out:
+        process = subprocess.Popen([sys.executable, *module_args], stdout=out, stderr=subprocess.STDOUT, env=env)
+        stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.wait(1.0):
+                bar.update(progress())
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            code = process.wait()
+        except BaseException:
+            process.kill()
+            raise
+        finally:
+            stop.set()
+            watcher.join()
+    bar.update(progress())
+    bar.close()
+    if code != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        raise WarmupError(f"warm-up {stage} failed (exit {code}); the end of {log}:\n{tail}")
+
+
+class _Bar:
+    """A tqdm bar on the console for one warm-up stage."""
+
+    def __init__(self, stage: str, total: int):
+        from tqdm import tqdm
+
+        self._bar = tqdm(total=total, desc=f"[infmem] warm-up {stage}", unit="", leave=True, dynamic_ncols=True)
+        self._lock = threading.Lock()
+
+    def update(self, done: int) -> None:
+        with self._lock:
+            self._bar.update(max(0, min(done, self._bar.total) - self._bar.n))
+
+    def advance(self) -> None:
+        with self._lock:
+            self._bar.update(1)
+
+    def close(self) -> None:
+        self._bar.close()

@@ -1,0 +1,97 @@
+"""The launcher's console mode (:mod:`infmem_verl.console`) around a real process's output: what a
+child process, Python and the C level print goes to ``run.log``; the console gets one line per
+step and per validation from the run's own records, then the end table with the paths.
+
+The full run (``python -m infmem_verl.main +recipe=smoke`` in console mode) is in tests/test_warmup.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import warnings
+
+from hydra import compose, initialize_config_dir
+from infmem_verl import conf_dir
+
+from infmem_verl.console import LOG_FILE, console_mode, silence_known_warnings, take_verbose_flag
+from infmem_verl.run_record import RunRecord
+
+
+def smoke_config(*overrides: str):
+    with initialize_config_dir(str(conf_dir()), version_base=None):
+        return compose("infmem_trainer", overrides=["+recipe=smoke", *overrides])
+
+
+def step_metrics(reward: float, val: bool) -> dict[str, float]:
+    metrics = {
+        "infmem/reward": reward, "infmem/outcome": 0.0, "infmem/early_stop": reward / 2, "infmem/protocol": reward,
+        "infmem/acc": 0.0, "infmem/chunks_read": 2.5, "infmem/num_chunks": 4.0, "infmem/trajectories": 4.0,
+        "infmem/stopped": 0.5, "infmem/stop_step": 2.0, "infmem/llm_calls": 7.0, "actor/grad_norm": 0.5,
+        "timing_s/step": 10.0, "timing_s/gen": 6.0, "timing_s/update_actor": 3.0,
+    }  # fmt: skip
+    if val:
+        metrics |= {"val-infmem/reward": reward, "val-infmem/acc": 0.0, "val-core/synthetic/reward/mean@1": reward}
+        metrics |= {"val-core/synthetic/acc/mean@1": 0.0, "timing_s/testing": 4.0}
+    return metrics
+
+
+def test_console_mode_shows_compact_lines_and_sends_everything_else_to_the_log(tmp_path, capfd, monkeypatch):
+    monkeypatch.delenv("INFMEM_VERBOSE", raising=False)
+    config = smoke_config(f"infmem.records.dir={tmp_path}", "trainer.total_training_steps=2")
+    record = RunRecord(tmp_path)
+    with console_mode(config):
+        print("a verl metrics dump", flush=True)
+        os.write(2, b"C-level stderr\n")
+        subprocess.run([sys.executable, "-c", "print('(TaskRunner pid=1) a Ray worker line')"], check=True)
+        record.log_step(1, step_metrics(0.5, val=False))
+        record.log_step(2, step_metrics(0.75, val=True))
+    console = capfd.readouterr().out.splitlines()
+    log = (tmp_path / LOG_FILE).read_text()
+    for text in ("a verl metrics dump", "C-level stderr", "(TaskRunner pid=1) a Ray worker line"):
+        assert text in log and not any(text in line for line in console)
+    assert console[0] == f"[infmem] training; verl's and Ray's full output: {tmp_path / LOG_FILE} (-v or INFMEM_VERBOSE=1 shows it here)"
+    assert console[1].startswith("[infmem cpu] step 1/2 | reward 0.500 (outcome 0.000, early_stop 0.250, protocol 0.500)")
+    assert console[2].startswith("[infmem cpu] step 2/2 | reward 0.750")
+    assert console[3].startswith("[infmem cpu] validation | reward 0.750 | acc 0.000") and console[3].endswith("(step 2)")
+    table = console[4:]
+    assert table[0] == "[infmem] run summary"
+    assert table[2].split() == ["reward", "0.750", "0.750"]  # last training step, last validation
+    assert [row.split()[0] for row in table[3:6]] == ["outcome", "early_stop", "protocol"]
+    assert "RL steps 20s (generation 12s, update 6s, validation 4s)" in table[-4]
+    assert table[-3].split() == ["TensorBoard", str(tmp_path)]
+    assert table[-1].split() == ["full", "log", str(tmp_path / LOG_FILE)]
+
+
+def test_verbose_flag_is_taken_off_the_command_line(monkeypatch):
+    monkeypatch.delenv("INFMEM_VERBOSE", raising=False)
+    argv = ["main", "+recipe=smoke", "-v"]
+    assert take_verbose_flag(argv) and argv == ["main", "+recipe=smoke"]
+    assert os.environ["INFMEM_VERBOSE"] == "1"
+
+
+def test_known_harmless_warnings_are_silenced_where_they_are_raised():
+    silence_known_warnings()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        silence_known_warnings()  # catch_warnings reset the filters
+        import importlib
+
+        import verl.workers.engine
+
+        importlib.reload(verl.workers.engine)  # raises its "engine is not available" warnings again
+    assert not [w for w in caught if "engine is not available" in str(w.message)]
+    from verl.plugin.platform import platform_manager
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger(platform_manager.__name__)
+    logger.addHandler(handler)
+    try:
+        platform_manager._create_platform("nvidia")  # warns on a machine without CUDA
+    finally:
+        logger.removeHandler(handler)
+    assert not records
