@@ -152,7 +152,9 @@ def run(config: DictConfig) -> PreparedRun:
             f"prompt_length={prepared.prompt_length} response_length={prepared.response_length} "
             f"reward={prepared.reward_components}"
         )
-        print("\n".join(f"[infmem dry run] {line}" for line in dry_run_ledger(config)))
+        train = prepared.preflight.train
+        ledger = dry_run_ledger(config, train.longest_document) if train else dry_run_ledger(config)
+        print("\n".join(f"[infmem dry run] {line}" for line in ledger))
         return prepared
     print(backend.message, flush=True)
     if backend.name == "cpu":

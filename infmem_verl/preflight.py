@@ -9,7 +9,8 @@ sizes one RL step so the numbers a user acts on are printed (:meth:`Preflight.ta
 check is listed at once, each with the key to change and the numbers.
 
 Rows: every LLM call of a trajectory is one training sequence. InfMem makes at most a PreThink and a
-Write per chunk plus the answer (``2 * chunks + 1``), MemAgent a Write per chunk plus the answer.
+Write per chunk plus the answer (``2 * chunks + 1``), MemAgent a Write per chunk plus the answer
+(:func:`infmem_verl.cost.budget_trajectory`).
 Document lengths come from the files' ``extra_info.num_tokens`` (written by ``data_prep.build`` and
 the synthetic builder); without them the sizing says so instead of guessing.
 """
@@ -26,6 +27,7 @@ import pyarrow.parquet as pq
 from omegaconf import DictConfig, OmegaConf
 
 from infmem_verl.agent.config import AgentConfig, ConfigError
+from infmem_verl.cost import budget_trajectory
 from infmem_verl.rollout.documents import split_ref
 from infmem_verl.rollout.settings import document_settings, train_settings
 
@@ -73,6 +75,7 @@ class StepSize:
     rows_worst: int  # the longest document, read to the end
     tokens_expected: int
     tokens_worst: int
+    longest_document: int  # tokens
 
 
 @dataclass
@@ -119,21 +122,6 @@ class Preflight:
         out.append("[infmem] pre-flight checks")
         out.extend(c.line() for c in self.checks)
         return "\n".join(out)
-
-
-def rows_per_trajectory(agent_loop: str, chunks: int) -> int:
-    """Training sequences of a trajectory that reads ``chunks`` chunks to the end."""
-    return (2 * chunks + 1) if agent_loop == "infmem_agent" else (chunks + 1)
-
-
-def tokens_per_trajectory(agent_loop: str, cfg: AgentConfig, chunks: int) -> int:
-    """Prompt + response budgets of every call of a trajectory that reads ``chunks`` chunks."""
-
-    def call(budget) -> int:
-        return budget.prompt_tokens + budget.response_tokens(cfg.thinking)
-
-    per_chunk = call(cfg.write) + (call(cfg.prethink) if agent_loop == "infmem_agent" else 0)
-    return chunks * per_chunk + call(cfg.answer)
 
 
 def resolve_paths(config: DictConfig, launch_dir: str | None = None) -> None:
@@ -257,19 +245,21 @@ def check_token_caps(config: DictConfig, longest: int, use_reference: bool, repo
 
 
 def size_step(agent_loop: str, cfg: AgentConfig, files: list[DatasetFile], trajectories: int) -> StepSize | None:
-    """Rows and tokens of ``trajectories`` trajectories over documents of ``files``' lengths."""
+    """Rows and budget-bound tokens of ``trajectories`` trajectories over documents of ``files``'
+    lengths (:func:`infmem_verl.cost.budget_trajectory`: every chunk read, every call at its budget)."""
     lengths = [t for f in files for t in f.num_tokens]
     if not lengths or len(lengths) < sum(f.rows for f in files):
         return None
-    chunk = cfg.document.chunk_tokens
-    mean_chunks = max(1, math.ceil(sum(lengths) / len(lengths) / chunk))
-    worst_chunks = max(1, math.ceil(max(lengths) / chunk))
+    agent = "infmem" if agent_loop == "infmem_agent" else "memagent"
+    expected = budget_trajectory(cfg, agent, math.ceil(sum(lengths) / len(lengths)))
+    worst = budget_trajectory(cfg, agent, max(lengths))
     return StepSize(
         trajectories=trajectories,
-        rows_expected=trajectories * rows_per_trajectory(agent_loop, mean_chunks),
-        rows_worst=trajectories * rows_per_trajectory(agent_loop, worst_chunks),
-        tokens_expected=trajectories * tokens_per_trajectory(agent_loop, cfg, mean_chunks),
-        tokens_worst=trajectories * tokens_per_trajectory(agent_loop, cfg, worst_chunks),
+        rows_expected=trajectories * len(expected),
+        rows_worst=trajectories * len(worst),
+        tokens_expected=trajectories * sum(prompt + response for prompt, response, _, _ in expected),
+        tokens_worst=trajectories * sum(prompt + response for prompt, response, _, _ in worst),
+        longest_document=max(lengths),
     )
 
 
