@@ -186,13 +186,14 @@ def test_verl_dataset_reads_the_training_parquet(tokenizer, dev_file, tmp_path, 
     from infmem_verl import conf_dir
     from verl.trainer.ppo.utils import create_rl_dataset
 
-    from infmem_verl.main import check_datasets
+    from infmem_verl.main import prepare_config
 
     spec = BuildSpec("hotpotqa", dev_file, "train", (Target("tokens", 4096),), tmp_path, limit=3)
     (result,) = build(spec, tokenizer)
     with initialize_config_dir(str(conf_dir()), version_base=None):
         config = compose("infmem_trainer", overrides=[f"data.train_files={result.path}", f"data.val_files={result.path}"])
-    assert check_datasets(config) == ([str(result.path)] * 2, [])
+    prepared = prepare_config(config)
+    assert (prepared.checked_files, prepared.missing_files) == ([str(result.path)] * 2, [])
     dataset = create_rl_dataset(config.data.train_files, config.data, tokenizer, None, is_train=True)
     assert len(dataset) == 3
     for i, question in enumerate(data.questions[:3]):

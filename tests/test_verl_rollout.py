@@ -211,7 +211,7 @@ def test_training_parquet_loads_in_verl_with_documents_by_reference(tmp_path, to
     from verl.trainer.ppo.utils import create_rl_dataset
 
     from infmem_verl.data.synthetic import make_dataset
-    from infmem_verl.main import check_datasets
+    from infmem_verl.main import prepare_config
     from infmem_verl.rollout.dataset import main as dataset_cli
 
     samples = make_dataset(2, 600, tokenizer, seed=1)
@@ -219,7 +219,8 @@ def test_training_parquet_loads_in_verl_with_documents_by_reference(tmp_path, to
     assert store == tmp_path / "train_docs.parquet"
     with initialize_config_dir(str(conf_dir()), version_base=None):
         config = compose("infmem_trainer", overrides=[f"data.train_files={out}", f"data.val_files={out}"])
-    assert check_datasets(config) == ([str(out), str(out)], [])
+    prepared = prepare_config(config)
+    assert (prepared.checked_files, prepared.missing_files) == ([str(out)] * 2, [])
     dataset = create_rl_dataset(config.data.train_files, config.data, tokenizer, None, is_train=True)
     for i, sample in enumerate(samples):
         row = dataset[i]
