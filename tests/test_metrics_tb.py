@@ -295,6 +295,7 @@ def _environment(root: Path) -> dict[str, str]:
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "TENSORBOARD_DIR": str(root / "tensorboard"),
+        "INFMEM_VERBOSE": "1",  # verl's full console: the step lines this module reads
         "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])),
     }
 
