@@ -67,10 +67,13 @@ def silence_known_warnings() -> None:
       mindspeed, megatron) that is not installed; we use none of them.
     * verl's platform manager warns that no accelerator was found on CPU-only machines and actors,
       where that is the point.
+    * verl's validate_config warns that the critic is off because the estimator is not GAE: GRPO,
+      by design (the pre-flight checks refuse other estimators).
     Process-wide: Ray workers import verl before our plugin and keep their warnings (they go to the
     log file in console mode).
     """
     warnings.filterwarnings("ignore", category=UserWarning, module=r"verl\.workers\.engine")
+    warnings.filterwarnings("ignore", message=r"Disabled critic as algorithm\.adv_estimator != gae", category=UserWarning)
     # verl sets this logger's level when it imports the module (and warns during `import verl`),
     # so a level set here would not hold: a filter on the logger itself does.
     platform = logging.getLogger("verl.plugin.platform.platform_manager")

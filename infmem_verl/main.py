@@ -152,8 +152,8 @@ def run(config: DictConfig) -> PreparedRun:
             f"prompt_length={prepared.prompt_length} response_length={prepared.response_length} "
             f"reward={prepared.reward_components}"
         )
-        train = prepared.preflight.train
-        ledger = dry_run_ledger(config, train.longest_document) if train else dry_run_ledger(config)
+        sized = prepared.preflight.train
+        ledger = dry_run_ledger(config, sized.longest_document) if sized else dry_run_ledger(config)
         print("\n".join(f"[infmem dry run] {line}" for line in ledger))
         return prepared
     print(backend.message, flush=True)

@@ -143,8 +143,11 @@ def _as_list(files) -> list[str]:
     return [files] if isinstance(files, str) else list(files or [])
 
 
-def read_dataset(key: str, path: str, required: list[str], ref_key: str, agent_loop: str, report: Preflight) -> DatasetFile | None:
-    """Check one dataset file's columns and agent name; None (after a failed check) when unusable."""
+def read_dataset(
+    key: str, path: str, required: list[str], ref_key: str, agent_loop: str, mixed_agents: bool, report: Preflight
+) -> DatasetFile | None:
+    """Check one dataset file's columns and agent names (with ``mixed_agents``, rows of other agents
+    beside the configured one are allowed); None (after a failed check) when unusable."""
     columns = pq.read_schema(path).names
     absent = [c for c in required if c not in columns]
     if absent:
@@ -160,13 +163,14 @@ def read_dataset(key: str, path: str, required: list[str], ref_key: str, agent_l
     table = pq.read_table(path, columns=read)
     if "agent_name" in columns:
         names = sorted({str(n) for n in table.column("agent_name").to_pylist() if n is not None})
-        if names and names != [agent_loop]:
+        if names and names != [agent_loop] and not (mixed_agents and agent_loop in names):
             report.add(
                 "agent loop of the data",
                 False,
                 f"{path} column 'agent_name' names {names}, but the run is configured for {agent_loop!r} "
                 "(actor_rollout_ref.rollout.agent.default_agent_loop); verl runs the loop a row names. Rebuild "
-                "the file without --agent-name, or choose the agent that matches it",
+                "the file without --agent, choose the agent that matches it, or (rows of both agents on purpose) "
+                "set infmem.allow_mixed_agents=true",
                 key,
             )
     num_tokens: list[int] = []
@@ -182,13 +186,14 @@ def check_datasets(config: DictConfig, required: list[str], agent_loop: str, rep
     """Read every existing train/val file into ``report.files``; returns the paths that do not exist."""
     ref_key = document_settings(config).ref_key
     root = document_settings(config).root
+    mixed_agents = bool(OmegaConf.select(config, "infmem.allow_mixed_agents", default=False))
     missing, stores = [], set()
     for key in DATA_KEYS:
         for path in _as_list(OmegaConf.select(config, key)):
             if not os.path.isfile(path):
                 missing.append(path)
                 continue
-            dataset = read_dataset(key, path, required, ref_key, agent_loop, report)
+            dataset = read_dataset(key, path, required, ref_key, agent_loop, mixed_agents, report)
             if dataset is None:
                 continue
             report.files.append(dataset)

@@ -149,7 +149,7 @@ def test_smoke_recipe_trains_validates_and_stops_every_ray_process_on_ctrl_c(wor
     try:
         _read_until(lines, r"\[infmem\] model: tiny random Qwen3 with the real Qwen3 tokenizer at ", seen, 300)
         _read_until(lines, r"\[infmem\] data\.train_files: wrote 4 synthetic two-hop questions", seen, 300)
-        _read_until(lines, r"\[infmem\] backend: cpu \(no GPU visible\)", seen, 300)
+        _read_until(lines, r"\[infmem\] backend: cpu \(no GPU in this machine\)", seen, 300)
         # verl validates before it computes the step's metrics: the validation line comes first.
         _read_until(lines, STEP_LINE.format(step=1), seen, RUN_TIMEOUT_S)
         _read_until(

@@ -206,7 +206,7 @@ def test_dataset_columns_are_checked_before_any_worker(tmp_path):
     config = make_config("+recipe=infmem_4b", f"data.train_files={good}", f"data.val_files={inline}")
     with pytest.raises(
         ConfigError,
-        match=r"data\.val_files: .*inline\.parquet lacks column\(s\) \['document_ref'\]; "
+        match=r"dataset columns \(data\.val_files\): .*inline\.parquet lacks column\(s\) \['document_ref'\]; "
         r"it has \['prompt', 'reward_model', 'context'\]; documents must be passed by reference",
     ):
         prepare_config(config)
@@ -269,5 +269,5 @@ def test_a_regular_install_ships_every_config(tmp_path):
                            "-w", str(tmp_path)], capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     [wheel] = tmp_path.glob("*.whl")
-    shipped = {n.removeprefix("conf/") for n in zipfile.ZipFile(wheel).namelist() if n.startswith("conf/")}
+    shipped = {n.removeprefix("infmem_verl/conf/") for n in zipfile.ZipFile(wheel).namelist() if n.startswith("infmem_verl/conf/")}
     assert shipped == {str(p.relative_to(repo / "conf")) for p in (repo / "conf").rglob("*.yaml")}

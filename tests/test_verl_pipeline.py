@@ -138,6 +138,7 @@ def rollout(ray_session, tiny_model_dir, tokenizer, tmp_path_factory):
                 "reward.num_workers=1",
                 f"reward.custom_reward_function.path={reward_file}",
                 "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+                "infmem.allow_mixed_agents=true",  # one row per agent, on purpose
                 "algorithm.norm_adv_by_std_in_grpo=false",
                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
                 "infmem.agent.document={chunk_tokens:256,unit_tokens:64,unit_overlap:16,paragraph_units:false}",

@@ -434,7 +434,7 @@ class _Recorder:
         raise AssertionError("the remote reward call ran")
 
 
-@pytest.mark.parametrize("preset", ["infmem", "infmem_gated", "outcome_f1"])
+@pytest.mark.parametrize("preset", ["infmem", "infmem_ungated", "outcome_f1"])
 async def test_scoring_in_the_agent_loop_gives_the_managers_rewards_and_skips_the_remote_call(
     compose_config, tokenizer, preset
 ):

@@ -196,7 +196,8 @@ def test_an_rl_step_makes_the_configured_number_of_optimizer_steps(rows, dp, ste
     trainer.actor_rollout_wg = RecordingActorGroup()
     multiple = trainer._get_required_batch_multiple(dp)
     assert multiple == np.lcm(dp, 4) * steps and rows % multiple == 0
-    batch = KVBatchMeta(keys=[f"u{i}_0_0" for i in range(rows)], tags=[{} for _ in range(rows)], partition_id="train")
+    tags = [{"prompt_len": 100, "response_len": 20} for _ in range(rows)]  # as verl's agent loop tags a sequence
+    batch = KVBatchMeta(keys=[f"u{i}_0_0" for i in range(rows)], tags=tags, partition_id="train")
     metrics: dict = {}
     trainer._update_actor(batch, metrics)
     assert trainer.actor_rollout_wg.extra_info["mini_batch_size"] == rows // steps

@@ -77,7 +77,7 @@ def count_gpus(config: DictConfig) -> GPUCount:
             return GPUCount(int(ray.cluster_resources().get("GPU", 0)), f"the Ray cluster at {address}")
         finally:
             ray.shutdown()  # disconnects this driver only; verl's run_ppo joins again with its runtime env
-    return GPUCount(visible_gpus(), "this machine (no Ray cluster address: RAY_ADDRESS / ray_kwargs.ray_init.address)")
+    return GPUCount(visible_gpus(), "this machine")
 
 
 class BackendChoice(NamedTuple):
@@ -134,7 +134,12 @@ def select_backend(config: DictConfig, gpus: GPUCount | None = None, dry_run: bo
     )
     if choice.name == "gpu":
         if count.gpus == 0:  # a dry run without GPUs: nothing to count against
-            return Backend("gpu", 0, f"[infmem] backend: gpu - {needed} GPU(s) needed, not counted: {count.where} has none")
+            return Backend(
+                "gpu",
+                0,
+                f"[infmem] backend: gpu - {needed} GPU(s) needed, not counted: {count.where} has none (set RAY_ADDRESS "
+                "or ray_kwargs.ray_init.address to count a cluster's)",
+            )
         if count.gpus < needed:
             raise ConfigError(
                 f"trainer.nnodes x trainer.n_gpus_per_node: the run needs {trainer.nnodes} x {trainer.n_gpus_per_node} "

@@ -196,8 +196,10 @@ def launch_command(config: DictConfig) -> tuple[str, list[str]]:
     return recipe, others
 
 
-def warmup_report(model_path: str | Path) -> WarmupReport | None:
-    """The warm-up report of a model folder this module built; None for any other model."""
+def warmup_report(model_path: str | Path | None) -> WarmupReport | None:
+    """The warm-up report of a model folder this module built; None for any other model (or none)."""
+    if model_path is None:
+        return None
     path = Path(model_path).parent / REPORT
     return WarmupReport.read(path) if path.is_file() else None
 

@@ -442,8 +442,8 @@ class InfMemSyncTrainer(PPOTrainerSync):
         from infmem_verl.cpu.warmup import warmup_report
 
         trainer = self.config.trainer
-        warmup = warmup_report(self.config.actor_rollout_ref.model.path)
         try:
+            warmup = warmup_report(self.config.actor_rollout_ref.model.path)
             path = self.run_record.plot(
                 title=f"{trainer.project_name} / {trainer.experiment_name}",
                 components=list(self.config.infmem.reward.components),
