@@ -312,7 +312,7 @@ class InfMemSyncTrainer(PPOTrainerSync):
             tq.kv_batch_put(keys=keys, partition_id=batch.partition_id, fields=fields)
             original = original.select("advantages")
         # verl's data-parallel balancing (the row count is already a multiple: nothing is padded)
-        return _DroppedRows(self._balance_batch(kept, metrics={}), keys, original)
+        return _DroppedRows(super()._balance_batch(kept, metrics={}), keys, original)
 
     def _compute_advantage(self, batch, metrics: dict):
         batch = super()._compute_advantage(batch, metrics)
