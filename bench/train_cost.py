@@ -140,7 +140,7 @@ def figures(ledger: StepLedger) -> str:
 
 def bench(recipe: str, tokenizer, samples: int, zero_groups: float, memory_tokens: int) -> tuple[StepLedger, StepLedger]:
     config = compose(recipe)
-    from infmem_verl.rollout.settings import agent_settings
+    from infmem_verl.settings import agent_settings
 
     cfg = replace(agent_settings(config), record_token_ids=False)
     agent = "memagent" if "memagent" in config.actor_rollout_ref.rollout.agent.default_agent_loop else "infmem"

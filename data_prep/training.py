@@ -6,7 +6,7 @@ Columns (what verl's ``RLHFDataset`` and our agent loops and reward manager read
 * ``prompt``: ``[{"role": "user", "content": question}]``, the question only;
 * ``context``: the document text, only with ``inline_context=True`` (see below);
 * ``document_ref``: ``"<store path>#<sample id>"``, the reference our agent loop resolves
-  (:mod:`infmem_verl.rollout.documents`);
+  (:mod:`infmem_verl.data.documents`);
 * ``reward_model``: ``{"style": "rule", "ground_truth": [every gold answer]}``;
 * ``extra_info``: ``index``, ``id``, ``source``, ``split``, ``question``, ``num_tokens``,
   ``num_docs``, ``gold_positions`` (1-based document numbers), ``gold_token_starts``, ``seed``,
@@ -16,7 +16,7 @@ Columns (what verl's ``RLHFDataset`` and our agent loops and reward manager read
   such column and the trainer's configured agent runs (``agent=memagent`` switches a whole run).
 
 The store (``<name>_docs.parquet``, columns ``doc_id`` and ``text`` in row groups of
-:data:`~infmem_verl.rollout.documents.ROW_GROUP_SIZE`) holds each document once, keyed by the
+:data:`~infmem_verl.data.documents.ROW_GROUP_SIZE`) holds each document once, keyed by the
 sample id, so a worker fetches one document without reading the training file's other rows.
 verl copies every dataset column into each stored sequence, so for long documents the inline
 ``context`` column is best left out of the file given to the trainer.
@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from infmem_verl.data.sample import QASample
-from infmem_verl.rollout.documents import ROW_GROUP_SIZE, make_ref, resolve
+from infmem_verl.data.documents import ROW_GROUP_SIZE, make_ref, resolve
 
 from .io import ParquetRowWriter
 

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from infmem_verl.agent.config import ConfigError
+from infmem_verl.agent.errors import ConfigError
 
 COST_PREFIX = "infmem/cost"
 INT64_BYTES = 8
@@ -388,7 +388,7 @@ def dry_run_ledger(config, doc_tokens: int = 32768) -> list[str]:
     """The dry run's cost lines: the ledger of one RL step of the composed ``config`` (after
     :func:`infmem_verl.main.prepare_config`) next to the reference pipeline's, on budget-bound
     trajectories of ``doc_tokens``-token documents (:func:`budget_trajectory`)."""
-    from infmem_verl.rollout.settings import agent_settings, train_settings
+    from infmem_verl.settings import agent_settings, train_settings
 
     rollout = config.actor_rollout_ref.rollout
     agent = "memagent" if "memagent" in rollout.agent.default_agent_loop else "infmem"

@@ -68,7 +68,8 @@ import numpy as np
 
 from data_prep.io import DataError, atomic_outputs, iter_json_records
 from data_prep.training import training_rows, training_sample
-from infmem_verl.agent.config import AgentConfig, ConfigError
+from infmem_verl.agent.config import AgentConfig
+from infmem_verl.agent.errors import ConfigError
 from infmem_verl.agent.loops import AgentLoop, build_agent
 from infmem_verl.agent import trajectory as trajectory_flags
 from infmem_verl.agent.policy import Generation, Policy, SamplingParams
@@ -178,7 +179,7 @@ def recipe_agent(recipe: str, overrides: Sequence[str]) -> tuple[str, AgentConfi
     from infmem_verl import conf_dir
     from hydra.errors import HydraException
 
-    from infmem_verl.rollout.settings import agent_settings
+    from infmem_verl.settings import agent_settings
 
     try:
         with initialize_config_dir(str(conf_dir()), version_base=None):

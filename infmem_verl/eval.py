@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from infmem_verl.agent.config import ConfigError
+from infmem_verl.agent.errors import ConfigError
 from infmem_verl.policy.source import ModelSource, add_model_options, model_source, open_model
 
 from .evaluation.aggregate import aggregate

@@ -20,23 +20,22 @@ with the recipe to use instead. Ctrl-C stops every Ray process the run started.
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from infmem_verl import conf_dir
-from infmem_verl.agent.config import ConfigError
+from infmem_verl.agent.errors import ConfigError
 from infmem_verl.cost import apply_cost_levers, dry_run_ledger
 from infmem_verl.console import console_mode, silence_known_warnings, take_verbose_flag
 from infmem_verl.cpu.backend import apply_cpu_backend, select_backend
 from infmem_verl.cpu.bootstrap import bootstrap_inputs
 from infmem_verl.preflight import Preflight, preflight, resolve_paths
 from infmem_verl.reward.components import load_components
-from infmem_verl.rollout.settings import (
+from infmem_verl.settings import (
     agent_settings,
     apply_rollout_lengths,
     cost_settings,

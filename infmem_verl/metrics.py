@@ -4,7 +4,7 @@ verl's v1 trainer logs statistics over *rows*, and a memory-agent trajectory is 
 per LLM call, about two per chunk read): its ``critic/score/mean`` weighs a trajectory that read
 the whole document several times more than one that stopped early, and it does not log the
 reward manager's ``reward_extra_info`` during training at all. Here every value is computed per
-trajectory from its per-turn facts (:class:`~infmem_verl.rollout.facts.TurnFacts`, in each
+trajectory from its per-turn facts (:class:`~infmem_verl.agent.facts.TurnFacts`, in each
 sequence's ``extra_fields``) and only then averaged over trajectories:
 
 * :func:`trajectory_values` - one trajectory's reading, stopping, retrieval, protocol, memory,
@@ -28,7 +28,7 @@ import torch
 
 from infmem_verl.agent.trajectory import TURN_KINDS
 from infmem_verl.reward.components import TrajectoryRecord, breaks_protocol
-from infmem_verl.rollout.facts import TurnFacts
+from infmem_verl.agent.facts import TurnFacts
 
 PREFIX = "infmem"
 # Per-trajectory counts that only make sense pooled into a rate (see summarize), never averaged.

@@ -7,11 +7,11 @@ imports nothing of verl's: each registration runs when, and only where, the verl
 its registry is imported (after that package has finished importing):
 
 * ``verl.experimental.agent_loop`` (agent-loop workers): agent loops ``infmem_agent`` and
-  ``memagent_agent`` (:mod:`infmem_verl.rollout.agent_loop`);
+  ``memagent_agent`` (:mod:`infmem_verl.verl_plugin.agent_loop`);
 * ``verl.experimental.reward_loop`` (reward-loop workers): reward manager ``infmem``
   (:mod:`infmem_verl.reward.manager`);
 * ``verl.trainer.ppo.v1`` (the TaskRunner): trainer modes ``infmem_sync``
-  (:mod:`infmem_verl.rollout.trainer`) and ``infmem_cpu``, the CPU backend (:mod:`infmem_verl.cpu.trainer`).
+  (:mod:`infmem_verl.verl_plugin.trainer`) and ``infmem_cpu``, the CPU backend (:mod:`infmem_verl.cpu.trainer`).
 
 verl logs plugin import errors only at DEBUG level, so a failing registration is logged as an
 error (with its traceback) and raised, rather than leaving the names silently missing.
@@ -27,9 +27,9 @@ import sys
 
 # verl package -> our modules whose decorators register into that package's registry.
 REGISTRATIONS = {
-    "verl.experimental.agent_loop": ("infmem_verl.rollout.agent_loop",),
+    "verl.experimental.agent_loop": ("infmem_verl.verl_plugin.agent_loop",),
     "verl.experimental.reward_loop": ("infmem_verl.reward.manager",),
-    "verl.trainer.ppo.v1": ("infmem_verl.rollout.trainer", "infmem_verl.cpu.trainer"),
+    "verl.trainer.ppo.v1": ("infmem_verl.verl_plugin.trainer", "infmem_verl.cpu.trainer"),
 }
 REGISTERING_MODULES = tuple(m for modules in REGISTRATIONS.values() for m in modules)
 
@@ -45,7 +45,7 @@ def _initializing(name: str) -> bool:
 
 def _register(package: str) -> None:
     # When one of our modules is mid-import (it imported the verl package itself, e.g. a direct
-    # `import infmem_verl.rollout.trainer`), the group waits for the next register() call:
+    # `import infmem_verl.verl_plugin.trainer`), the group waits for the next register() call:
     # importing the rest now would meet the half-built module.
     if any(_initializing(name) for name in REGISTRATIONS[package]):
         return

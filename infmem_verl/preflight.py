@@ -26,10 +26,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from omegaconf import DictConfig, OmegaConf
 
-from infmem_verl.agent.config import AgentConfig, ConfigError
+from infmem_verl.agent.config import AgentConfig
+from infmem_verl.agent.errors import ConfigError
 from infmem_verl.cost import budget_trajectory
-from infmem_verl.rollout.documents import split_ref
-from infmem_verl.rollout.settings import document_settings, train_settings
+from infmem_verl.data.documents import split_ref
+from infmem_verl.settings import document_settings, train_settings
 
 DATA_KEYS = ("data.train_files", "data.val_files")
 # Advantage estimators whose advantage verl 0.9.1's v1 trainer computes per trajectory (on its final
@@ -155,7 +156,7 @@ def read_dataset(
         if "context" in columns:
             hint = (
                 "; documents must be passed by reference: build the file with `python -m data_prep.build` "
-                "or `python -m infmem_verl.rollout.dataset`"
+                "or `python -m infmem_verl.verl_plugin.dataset`"
             )
         report.add("dataset columns", False, f"{path} lacks column(s) {absent}; it has {columns}{hint}", key)
         return None

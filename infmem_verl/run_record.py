@@ -32,9 +32,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from infmem_verl.agent.config import ConfigError
+from infmem_verl.agent.errors import ConfigError
 from infmem_verl.metrics import numeric
-from infmem_verl.rollout.settings import read_settings
+from infmem_verl.settings import read_settings
 
 RECORDS_KEY = "infmem.records"
 STEPS_FILE = "steps.jsonl"

@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from infmem_verl import conf_dir
 from tensordict import TensorDict
 
-from infmem_verl.agent.config import ConfigError
+from infmem_verl.agent.errors import ConfigError
 from infmem_verl.cost import (
     Call,
     Passes,
@@ -30,7 +30,7 @@ from infmem_verl.cost import (
     zero_advantage_rows,
 )
 from infmem_verl.main import prepare_config
-from infmem_verl.rollout.settings import TrainSettings, agent_settings, cost_settings
+from infmem_verl.settings import TrainSettings, agent_settings, cost_settings
 
 
 def make_config(*overrides: str):
@@ -194,7 +194,7 @@ def test_dropping_zero_advantage_rows_keeps_the_gradient(tiny_model_dir, tokeniz
     from transformers import AutoModelForCausalLM
     from verl.utils.config import omega_conf_to_dataclass
 
-    from infmem_verl.rollout.trainer import shape_advantages
+    from infmem_verl.verl_plugin.trainer import shape_advantages
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
     config = make_config("+recipe=smoke", "actor_rollout_ref.actor.use_kl_loss=false")

@@ -19,7 +19,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from infmem_verl import conf_dir
 
-from infmem_verl.agent.config import ConfigError
+from infmem_verl.agent.errors import ConfigError
 from infmem_verl.assets import wiki_paragraphs
 from infmem_verl.cpu.backend import GPUCount, apply_cpu_backend, check_cpu_support, cpu_settings, select_backend, visible_gpus
 from infmem_verl.cpu.bootstrap import bootstrap_inputs, bootstrap_settings
@@ -28,7 +28,7 @@ from infmem_verl.cpu.report import step_line, validation_line
 from infmem_verl.cpu.server import CPUGenerationServer, weights_digest
 from infmem_verl.main import prepare_config, run
 from infmem_verl.metrics import summarize
-from infmem_verl.rollout.trainer import trajectory_rows
+from infmem_verl.verl_plugin.trainer import trajectory_rows
 
 
 def make_config(*overrides: str):

@@ -23,7 +23,7 @@ from data_prep.sources import load_extra_pool, load_pool, load_source
 from data_prep.training import STORE_SCHEMA, read_training_set, store_path
 from infmem_verl.agent.document import tokenize_document
 from infmem_verl.assets import wiki_paragraphs
-from infmem_verl.rollout.documents import resolve
+from infmem_verl.data.documents import resolve
 
 # Fixture sizes: enough paragraphs per split (~60k tokens) to fill 32K-token contexts.
 HOTPOT_QUESTIONS = 60

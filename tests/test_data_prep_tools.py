@@ -18,7 +18,7 @@ from data_prep.published import read_published
 from data_prep.sources import load_source
 from data_prep.stats import answer_type, main as stats_main
 from infmem_verl.policy.scripted import ScriptedPolicy
-from infmem_verl.rollout.documents import resolve
+from infmem_verl.data.documents import resolve
 
 from test_data_prep import hotpot_records, write_json
 
@@ -206,7 +206,7 @@ def test_verl_dataset_reads_the_training_parquet(tokenizer, dev_file, tmp_path, 
 
 
 def test_synthetic_dataset_command_writes_agent_name_only_when_asked(tmp_path, capsys):
-    from infmem_verl.rollout.dataset import main as dataset_main
+    from infmem_verl.verl_plugin.dataset import main as dataset_main
 
     argv = ["--synthetic", "2", "--tokens", "1500"]
     dataset_main(argv + ["--out", str(tmp_path / "plain.parquet")])

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from data_prep.training import TrainingWriter
-from infmem_verl.agent.config import ConfigError
+from infmem_verl.agent.errors import ConfigError
 from infmem_verl.data.synthetic import make_dataset
 from infmem_verl.distill import DistillConfig, distill, parse_args, recipe_agent
 from infmem_verl.policy.scripted import ScriptedPolicy

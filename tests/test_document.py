@@ -11,7 +11,8 @@ import pytest
 from tokenizers import pre_tokenizers
 
 from infmem_verl.agent import document as document_module
-from infmem_verl.agent.config import ConfigError, DocumentConfig
+from infmem_verl.agent.config import DocumentConfig
+from infmem_verl.agent.errors import ConfigError
 from infmem_verl.agent.document import Document, UnitTexts, split_safe, text_digest, tokenize_document
 from infmem_verl.assets import wiki_paragraphs
 

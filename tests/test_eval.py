@@ -18,7 +18,7 @@ from data_prep.compose import render_context
 from data_prep.published import PublishedWriter
 from infmem_verl import distill as distill_cli
 from infmem_verl import eval as eval_cli
-from infmem_verl.agent.config import ConfigError
+from infmem_verl.agent.errors import ConfigError
 from infmem_verl.data.synthetic import make_dataset
 from infmem_verl.evaluation.aggregate import aggregate, repeat_spread, wilson_interval
 from infmem_verl.evaluation.config import EvalConfig

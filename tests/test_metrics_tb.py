@@ -26,14 +26,15 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from infmem_verl.agent.config import ConfigError, agent_config
+from infmem_verl.agent.config import agent_config
+from infmem_verl.agent.errors import ConfigError
 from infmem_verl.agent.loops import build_agent
 from infmem_verl.agent.trajectory import FLAG_INVALID_ACTION
 from infmem_verl.assets import wiki_paragraphs
 from infmem_verl.metrics import log_prob_gap, protocol_error, summarize, trajectory_values
 from infmem_verl.policy.scripted import ScriptedPolicy
 from infmem_verl.reward.components import MEMORY_FAILURES, TrajectoryRecord
-from infmem_verl.rollout.facts import TurnFacts, turn_facts
+from infmem_verl.agent.facts import TurnFacts, turn_facts
 from infmem_verl.run_record import SUMMARY_PNG, RecordSettings, RunRecord, record_settings, records_dir
 
 THINK = {"prethink": 30, "write": 40, "answer": 50}

@@ -21,12 +21,12 @@ from hydra import compose, initialize_config_dir
 from infmem_verl import conf_dir
 from packaging.requirements import Requirement
 
-from infmem_verl.agent.config import ConfigError
+from infmem_verl.agent.errors import ConfigError
 from infmem_verl.cpu.backend import GPUCount, select_backend
 from infmem_verl.data.sample import QASample
 from infmem_verl.main import prepare_config, run
-from infmem_verl.rollout.dataset import write_verl_dataset
-from infmem_verl.rollout.trainer import failed_trajectories
+from infmem_verl.verl_plugin.dataset import write_verl_dataset
+from infmem_verl.verl_plugin.trainer import failed_trajectories
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -281,7 +281,7 @@ def test_an_unreadable_document_store_is_named_with_the_node(tmp_path):
         prepare_config(with_data("+recipe=infmem_4b", train=train))
     assert f"{store} (named by {train}) is not readable on {socket.gethostname()}" in str(failure.value)
     assert "every node of the cluster needs the store at this same path" in str(failure.value)
-    from infmem_verl.rollout.documents import resolve
+    from infmem_verl.data.documents import resolve
 
     with pytest.raises(FileNotFoundError, match=f"not readable on {socket.gethostname()}.*same path"):
         resolve(f"{store}#q0")
@@ -321,11 +321,11 @@ def test_optimizer_mini_batches_mix_the_rollout_order():
 
 PROBE = """
 import json, sys, verl
-before = sorted(m for m in ("verl.trainer.ppo.v1", "verl.workers.engine_workers", "infmem_verl.rollout.trainer",
-                            "infmem_verl.rollout.agent_loop", "verl.experimental.agent_loop") if m in sys.modules)
+before = sorted(m for m in ("verl.trainer.ppo.v1", "verl.workers.engine_workers", "infmem_verl.verl_plugin.trainer",
+                            "infmem_verl.verl_plugin.agent_loop", "verl.experimental.agent_loop") if m in sys.modules)
 from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
 loops = sorted(_agent_loop_registry)
-trainer_loaded = "infmem_verl.rollout.trainer" in sys.modules
+trainer_loaded = "infmem_verl.verl_plugin.trainer" in sys.modules
 from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
 report(json.dumps({"before": before, "loops": loops, "trainer_with_loops": trainer_loaded, "trainers": sorted(TRAINER_REGISTRY)}))
 """
@@ -367,7 +367,7 @@ def test_a_crashed_run_is_finished_as_failed(tmp_path, monkeypatch):
     finished with exit code 1 (W&B marks the run failed), not 0 before verl's TaskRunner can say so."""
     from verl.utils.tracking import Tracking
 
-    from infmem_verl.rollout.trainer import InfMemSyncTrainer
+    from infmem_verl.verl_plugin.trainer import InfMemSyncTrainer
     from infmem_verl.run_record import RunRecord
 
     finished = []

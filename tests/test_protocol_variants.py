@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from infmem_verl.agent.config import ConfigError, RetrievalConfig, agent_config
+from infmem_verl.agent.config import RetrievalConfig, agent_config
+from infmem_verl.agent.errors import ConfigError
 from infmem_verl.agent.document import Document
 from infmem_verl.agent.loops import build_agent
 from infmem_verl.agent.protocol import PromptBuilder, ThinkSplit, decide_action, parse_action

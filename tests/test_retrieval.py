@@ -12,7 +12,8 @@ import pytest
 import scipy.sparse
 
 from infmem_verl.agent import retrieval as retrieval_module
-from infmem_verl.agent.config import ConfigError, DocumentConfig, RetrievalConfig
+from infmem_verl.agent.config import DocumentConfig, RetrievalConfig
+from infmem_verl.agent.errors import ConfigError
 from infmem_verl.agent.document import Document
 from infmem_verl.agent.rerank import RRF_K, UnitEmbeddings, fuse, reciprocal_rank_fusion
 from infmem_verl.agent.retrieval import STOPWORDS, Analyzer, BM25Index, Hit, SparseBM25, get_analyzer

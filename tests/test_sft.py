@@ -22,7 +22,7 @@ from hydra import compose, initialize_config_dir
 from infmem_verl import conf_dir
 from omegaconf import OmegaConf
 
-from infmem_verl.agent.config import ConfigError
+from infmem_verl.agent.errors import ConfigError
 from infmem_verl.agent.policy import Generation, SamplingParams
 from infmem_verl.distill import DistillConfig, distill
 from infmem_verl.policy.source import ModelSource, OpenedModel

@@ -16,10 +16,11 @@ from hydra import compose, initialize_config_dir
 from infmem_verl import conf_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
-from infmem_verl.agent.config import AgentConfig, ConfigError
+from infmem_verl.agent.config import AgentConfig
+from infmem_verl.agent.errors import ConfigError
 from infmem_verl.main import prepare_config, run
-from infmem_verl.rollout.documents import write_store
-from infmem_verl.rollout.settings import agent_settings
+from infmem_verl.data.documents import write_store
+from infmem_verl.settings import agent_settings
 
 RECIPES = sorted(p.stem for p in (conf_dir() / "recipe").glob("*.yaml"))
 

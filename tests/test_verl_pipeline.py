@@ -26,9 +26,9 @@ from infmem_verl import conf_dir
 
 from infmem_verl.data.synthetic import make_dataset
 from infmem_verl.main import prepare_config
-from infmem_verl.rollout.dataset import write_verl_dataset
-from infmem_verl.rollout.facts import TurnFacts
-from infmem_verl.rollout.settings import TrainSettings
+from infmem_verl.verl_plugin.dataset import write_verl_dataset
+from infmem_verl.agent.facts import TurnFacts
+from infmem_verl.settings import TrainSettings
 
 N = 2  # rollouts per prompt
 GLOBAL_STEPS = 3  # the weight version the stand-in server reports
@@ -74,8 +74,8 @@ def test_plugin_registers_inside_a_ray_worker(ray_session):
 
     got = ray.get(registrations.remote())
     assert got["pid"] != os.getpid()
-    assert got["loops"]["infmem_agent"] == "infmem_verl.rollout.agent_loop.InfMemAgentLoop"
-    assert got["loops"]["memagent_agent"] == "infmem_verl.rollout.agent_loop.MemAgentAgentLoop"
+    assert got["loops"]["infmem_agent"] == "infmem_verl.verl_plugin.agent_loop.InfMemAgentLoop"
+    assert got["loops"]["memagent_agent"] == "infmem_verl.verl_plugin.agent_loop.MemAgentAgentLoop"
     assert got["managers"]["infmem"] == "infmem_verl.reward.manager.InfMemRewardManager"
     assert "infmem_sync" in got["trainers"]
 
@@ -281,7 +281,7 @@ def test_verl_step_fields_are_copied_per_sequence(rollout):
 def _trainer(config, settings: TrainSettings):
     """Our registered trainer, constructed for real (its worker groups are started by ``init()``,
     which the advantage step does not need), with the given ``infmem.train`` settings."""
-    from infmem_verl.rollout.trainer import InfMemSyncTrainer
+    from infmem_verl.verl_plugin.trainer import InfMemSyncTrainer
 
     trainer = InfMemSyncTrainer(config)
     trainer.infmem_train = settings

@@ -17,7 +17,7 @@ from infmem_verl import conf_dir
 from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput, AgentLoopWorker
 from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
 
-from infmem_verl.agent.config import ConfigError
+from infmem_verl.agent.errors import ConfigError
 from infmem_verl.agent.trajectory import (
     FLAG_INVALID_ACTION,
     FLAG_MEMORY_TRUNCATED,
@@ -31,7 +31,7 @@ from infmem_verl.reward.components import (
     outcome,
     protocol,
 )
-from infmem_verl.rollout.facts import TurnFacts
+from infmem_verl.agent.facts import TurnFacts
 
 
 def infmem_turns(
@@ -439,7 +439,7 @@ async def test_scoring_in_the_agent_loop_gives_the_managers_rewards_and_skips_th
     compose_config, tokenizer, preset
 ):
     from infmem_verl.cost import Row, reward_call_bytes
-    from infmem_verl.rollout.agent_loop import in_loop_reward, score_outputs
+    from infmem_verl.verl_plugin.agent_loop import in_loop_reward, score_outputs
 
     config = compose_config(f"reward_fn={preset}")
     cases = [
@@ -470,7 +470,7 @@ async def test_scoring_in_the_agent_loop_gives_the_managers_rewards_and_skips_th
 
 
 def test_the_agent_loop_scores_only_for_the_infmem_manager_without_a_custom_function(compose_config, tmp_path):
-    from infmem_verl.rollout.agent_loop import in_loop_reward
+    from infmem_verl.verl_plugin.agent_loop import in_loop_reward
 
     assert [c.name for c in in_loop_reward(compose_config())] == ["outcome", "early_stop", "protocol"]
     assert in_loop_reward(compose_config("infmem.cost.score_in_agent_loop=false")) is None

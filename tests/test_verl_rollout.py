@@ -19,11 +19,11 @@ from infmem_verl.agent.policy import SamplingParams
 from infmem_verl.assets import wiki_paragraphs
 from infmem_verl.policy.transformers import TransformersPolicy
 from infmem_verl.policy.verl_server import VerlServerPolicy
-from infmem_verl.rollout.agent_loop import question_from_prompt, trajectory_outputs
-from infmem_verl.rollout.dataset import write_verl_dataset
-from infmem_verl.rollout.documents import DocumentStore, document_id, pack_documents, resolve, split_ref, write_store
-from infmem_verl.rollout.facts import TurnFacts
-from infmem_verl.rollout.trainer import InfMemSyncTrainer
+from infmem_verl.verl_plugin.agent_loop import question_from_prompt, trajectory_outputs
+from infmem_verl.verl_plugin.dataset import write_verl_dataset
+from infmem_verl.data.documents import DocumentStore, document_id, pack_documents, resolve, split_ref, write_store
+from infmem_verl.agent.facts import TurnFacts
+from infmem_verl.verl_plugin.trainer import InfMemSyncTrainer
 
 # ------------------------------------------------------------------------------ document store
 
@@ -213,7 +213,7 @@ def test_training_parquet_loads_in_verl_with_documents_by_reference(tmp_path, to
 
     from infmem_verl.data.synthetic import make_dataset
     from infmem_verl.main import prepare_config
-    from infmem_verl.rollout.dataset import main as dataset_cli
+    from infmem_verl.verl_plugin.dataset import main as dataset_cli
 
     samples = make_dataset(2, 600, tokenizer, seed=1)
     out, store = write_verl_dataset(samples, tmp_path / "train.parquet")

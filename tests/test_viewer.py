@@ -4,7 +4,7 @@ The evaluation folder is made by the real runner, methods and agent loops over t
 tokenizer and synthetic two-hop samples (which record where their facts sit), with a scripted
 controller that retrieves the first fact with the question's entity, then stops, so the page
 has a gold unit to highlight. Training records come from real agent runs through the trainer's
-own record builder (:func:`infmem_verl.rollout.trainer.trajectory_rows`).
+own record builder (:func:`infmem_verl.verl_plugin.trainer.trajectory_rows`).
 """
 
 from __future__ import annotations
@@ -159,8 +159,8 @@ def test_eval_cli_records_turns_only_when_asked(tiny_model_dir, tmp_path):
 def train_dir(tokenizer, samples, tmp_path_factory):
     """Step 3 of a run's trajectory records, built by the trainer's own code from real agent runs."""
     from infmem_verl.agent.loops import build_agent
-    from infmem_verl.rollout.facts import turn_facts
-    from infmem_verl.rollout.trainer import trajectory_rows
+    from infmem_verl.agent.facts import turn_facts
+    from infmem_verl.verl_plugin.trainer import trajectory_rows
 
     agent = build_agent("infmem", viewer_cfg(), tokenizer)
     keys, extra, scores, prompts, responses = [], [], [], [], []

@@ -23,7 +23,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from infmem_verl import conf_dir
 
-from infmem_verl.cpu.warmup import warm_qwen3_dir, warmup_report
+from infmem_verl.cpu.warmup import warm_qwen3_dir
+from infmem_verl.warmup_report import warmup_report
 from infmem_verl.run_record import RunRecord
 
 SMALL = [

@@ -14,11 +14,10 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, TypeVar
 
+from .errors import ConfigError
+from .templates import load_templates
+
 T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """A configuration value is missing, unknown or out of range; the message names the field."""
 
 
 def _check(cond: bool, field_path: str, expected: str, got: Any) -> None:
@@ -223,8 +222,6 @@ class AgentConfig:
         templates = {}
         if self.prompt_templates is not None:
             _check(isinstance(self.prompt_templates, str), "prompt_templates", "a file path or null", self.prompt_templates)
-            from .templates import load_templates  # templates.py imports this module
-
             templates = load_templates(self.prompt_templates)  # ConfigError naming the file, kind and slot
         _check(
             self.controller.grammar == "tool_call" or "prethink" in templates,

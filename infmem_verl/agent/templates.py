@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from .config import ConfigError
+from .errors import ConfigError
 
 SLOTS: dict[str, tuple[str, ...]] = {
     "prethink": ("question", "history", "memory"),

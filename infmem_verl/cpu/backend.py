@@ -19,8 +19,8 @@ from typing import NamedTuple
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from infmem_verl.agent.config import ConfigError
-from infmem_verl.rollout.settings import read_settings
+from infmem_verl.agent.errors import ConfigError
+from infmem_verl.settings import read_settings
 
 BACKENDS = ("auto", "cpu", "gpu")
 CPU_TRAINER_MODE = "infmem_cpu"

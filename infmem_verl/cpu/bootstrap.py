@@ -5,7 +5,7 @@ The smoke recipe must run on a fresh machine with no model hub and no dataset: w
 (real Qwen3 tokenizer) built locally, or (``model: warm_qwen3``) that model warmed up to follow
 the protocol by distillation and SFT (:mod:`infmem_verl.cpu.warmup`), and missing train/val parquet files are written with
 synthetic two-hop questions over real Wikipedia text (documents by reference, as
-``python -m infmem_verl.rollout.dataset --synthetic`` writes them). Existing files are used as
+``python -m infmem_verl.verl_plugin.dataset --synthetic`` writes them). Existing files are used as
 they are. Relative data paths are made absolute, since Ray workers need not share the launcher's
 working directory.
 """
@@ -18,8 +18,8 @@ from typing import Literal
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from infmem_verl.agent.config import ConfigError
-from infmem_verl.rollout.settings import read_settings, section
+from infmem_verl.agent.errors import ConfigError
+from infmem_verl.settings import read_settings, section
 
 # Validation samples are drawn from another seed than training ones, so the two never overlap.
 VAL_SEED_OFFSET = 1000
@@ -99,6 +99,6 @@ def _model(config: DictConfig, settings: BootstrapSettings) -> tuple[str, str]:
 def _write_synthetic(path: str, count: int, doc_tokens: int, seed: int) -> None:
     from infmem_verl.assets import load_tokenizer
     from infmem_verl.data.synthetic import make_dataset
-    from infmem_verl.rollout.dataset import write_verl_dataset
+    from infmem_verl.verl_plugin.dataset import write_verl_dataset
 
     write_verl_dataset(make_dataset(count, doc_tokens, load_tokenizer(), seed=seed), path)

@@ -33,7 +33,7 @@ from verl.workers.rollout.llm_server import LLMServerClient
 
 from infmem_verl.cpu.backend import check_cpu_support, cpu_settings
 from infmem_verl.cpu.report import step_line, validation_line
-from infmem_verl.rollout.trainer import InfMemSyncTrainer
+from infmem_verl.verl_plugin.trainer import InfMemSyncTrainer
 
 WEIGHTS = "cpu/weights"
 # Per-trajectory statistics shown in the validation line, besides the reward components.

@@ -37,17 +37,18 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from omegaconf import DictConfig
 
-from infmem_verl.agent.config import AgentConfig, ConfigError
-from infmem_verl.rollout.settings import agent_settings, read_settings
+from infmem_verl.agent.config import AgentConfig
+from infmem_verl.agent.errors import ConfigError
+from infmem_verl.settings import agent_settings, read_settings
+from infmem_verl.warmup_report import REPORT, HeldOut, WarmupReport
 
 WARMUP_KEY = "infmem.warmup"
-REPORT = "warmup.json"
 # Held-out documents come from another seed than the distilled ones, so none was seen in SFT.
 HELDOUT_SEED_OFFSET = 1000
 
@@ -83,49 +84,6 @@ class WarmupSettings:
         if self.hidden_size % 32:
             raise ConfigError(f"{path}.hidden_size: expected a multiple of 32 (head_dim), got {self.hidden_size!r}")
         return self
-
-
-@dataclass
-class HeldOut:
-    """What the warmed model does on held-out documents: per-turn protocol validity and the
-    figures the RL run logs per trajectory (means over trajectories)."""
-
-    samples: int
-    prethink_valid: float  # PreThink turns whose action parsed
-    write_valid: float  # Writes that closed their thinking and stayed within the memory cap
-    retrieval_calls: float
-    chunks_read: float
-    stopped_early: float
-    early_stop: float  # the early-stop reward component
-    accuracy: float  # exact match of the boxed answer
-
-    def line(self) -> str:
-        return (
-            f"held-out {self.samples} docs: PreThink actions valid {self.prethink_valid:.0%}, "
-            f"Writes valid {self.write_valid:.0%} | retrievals {self.retrieval_calls:.1f}/traj, "
-            f"chunks read {self.chunks_read:.1f}, stopped early {self.stopped_early:.0%}, "
-            f"early-stop reward {self.early_stop:.2f}, accuracy {self.accuracy:.0%}"
-        )
-
-
-@dataclass
-class WarmupReport:
-    """``warmup.json``: how the model was made and what it reached."""
-
-    settings: dict[str, Any]
-    protocol_key: str
-    sft_losses: list[float] = field(default_factory=list)
-    heldout: HeldOut | None = None
-    seconds: dict[str, float] = field(default_factory=dict)  # per stage
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def read(cls, path: Path) -> WarmupReport:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        heldout = data.pop("heldout", None)
-        return cls(**data, heldout=HeldOut(**heldout) if heldout else None)
 
 
 def warmup_settings(config: DictConfig) -> WarmupSettings:
@@ -196,14 +154,6 @@ def launch_command(config: DictConfig) -> tuple[str, list[str]]:
     return recipe, others
 
 
-def warmup_report(model_path: str | Path | None) -> WarmupReport | None:
-    """The warm-up report of a model folder this module built; None for any other model (or none)."""
-    if model_path is None:
-        return None
-    path = Path(model_path).parent / REPORT
-    return WarmupReport.read(path) if path.is_file() else None
-
-
 def protocol_key(settings: WarmupSettings, agent: str, agent_cfg: AgentConfig) -> str:
     """A short hash of everything that decides the warmed model (sampling settings excluded:
     they do not change what is distilled)."""
@@ -259,7 +209,7 @@ def heldout_check(model_dir: Path, agent_name: str, agent_cfg: AgentConfig, sett
     from infmem_verl.data.synthetic import make_dataset
     from infmem_verl.policy.transformers import TransformersPolicy
     from infmem_verl.reward.components import TrajectoryRecord, action_failed, early_stop, memory_failed, outcome
-    from infmem_verl.rollout.facts import turn_facts
+    from infmem_verl.agent.facts import turn_facts
 
     policy = TransformersPolicy.from_pretrained(model_dir, seed=settings.seed, max_batch=settings.heldout_samples)
     agent = build_agent(agent_name, agent_cfg, policy.tokenizer)

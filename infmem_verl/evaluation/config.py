@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from infmem_verl.agent.config import AgentConfig, ConfigError, agent_config
+from infmem_verl.agent.config import AgentConfig, agent_config
+from infmem_verl.agent.errors import ConfigError
 from infmem_verl.policy.source import ModelSource
 
 from .methods import METHODS

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from infmem_verl.agent.config import ConfigError
+from infmem_verl.agent.errors import ConfigError
 from infmem_verl.agent.trajectory import (
     FLAG_INVALID_ACTION,
     FLAG_MEMORY_KEPT,
@@ -39,7 +39,7 @@ from infmem_verl.agent.trajectory import (
     FLAG_THINK_UNCLOSED,
 )
 from infmem_verl.reward.metrics import ANSWER_METRICS, answer_in_text, is_yes_no, score_answer
-from infmem_verl.rollout.facts import TurnFacts
+from infmem_verl.agent.facts import TurnFacts
 
 # A Write with any of these did not close its thinking, or did not leave a memory within the cap.
 MEMORY_FAILURES = frozenset(

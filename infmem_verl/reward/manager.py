@@ -29,7 +29,7 @@ from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 from infmem_verl.metrics import trajectory_values
 from infmem_verl.reward.components import Component, TrajectoryRecord, load_components
 from infmem_verl.reward.metrics import score_answer
-from infmem_verl.rollout.facts import TurnFacts
+from infmem_verl.agent.facts import TurnFacts
 
 OUTCOME = "outcome"
 

@@ -12,7 +12,8 @@ decides *what* is trained and swaps only the FSDP engine:
   the token mean over the global batch and the loss mask's alignment is verl's;
 * the optimizer is verl's ``build_optimizer`` on ``optim`` and the learning-rate schedule is the
   FSDP engine's (:func:`infmem_verl.cpu.engine.build_lr_scheduler`);
-* the step count is the one :func:`infmem_verl.sft.launch.optimizer_steps` printed before the run.
+* the step count is the one :mod:`infmem_verl.sft.launch` derived and printed before the run
+  (passed in, so this module never imports the launcher that imports it).
 
 What differs: one process, float32, micro-batches run as right-padded batches of the Hugging Face
 model (log-probs are only computed where the mask trains, the rest are zeros that the mask drops),
@@ -37,7 +38,6 @@ from tensordict import TensorDict
 
 from infmem_verl.cpu.engine import build_lr_scheduler, load_model
 
-from .launch import optimizer_steps
 
 LOSS_LOG = "sft_losses.jsonl"
 
@@ -54,8 +54,9 @@ class CPUTrainResult:
     seconds: float = 0.0
 
 
-def train_on_cpu(config: DictConfig) -> CPUTrainResult:
-    """Run the SFT ``config`` describes (verl's ``sft_trainer_engine`` keys) on the CPU."""
+def train_on_cpu(config: DictConfig, steps: int) -> CPUTrainResult:
+    """Run ``steps`` optimizer steps of the SFT ``config`` describes (verl's ``sft_trainer_engine``
+    keys) on the CPU."""
     from verl.trainer.sft_trainer import create_sft_dataset
     from verl.utils.config import omega_conf_to_dataclass
     from verl.utils.dataset.dataset_utils import SFTTensorCollator
@@ -72,7 +73,8 @@ def train_on_cpu(config: DictConfig) -> CPUTrainResult:
     batch_size = int(config.data.train_batch_size)
     generator = torch.Generator().manual_seed(int(config.trainer.seed))
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True, collate_fn=list, generator=generator)
-    steps = optimizer_steps(config, len(dataset))  # the loader's full batches: len(loader) per epoch
+    if steps and not len(loader):
+        raise ValueError(f"data.train_batch_size: {batch_size} is more than the {len(dataset)} training samples")
     optim = omega_conf_to_dataclass(config.optim)
     optim.total_training_steps = steps
     optimizer = build_optimizer(model.parameters(), optim)

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from omegaconf import DictConfig, OmegaConf
 
 from infmem_verl import conf_dir
-from infmem_verl.agent.config import ConfigError
+from infmem_verl.agent.errors import ConfigError
 from infmem_verl.cpu.backend import choose_backend
 
 from .samples import TOKEN_COLUMNS, TokenizerStamp, check_columns, longest_sample, read_stamp
@@ -200,7 +200,7 @@ def run(config: DictConfig):
     if prepared.backend == "cpu":
         from .cpu import train_on_cpu
 
-        return train_on_cpu(config)
+        return train_on_cpu(config, prepared.steps)
     if "RANK" not in os.environ:
         raise ConfigError(
             "launch: verl's SFT trainer runs under torchrun: "

@@ -31,7 +31,7 @@ from infmem_verl.evaluation.trajectories import DOCUMENTS, TRAJECTORIES
 from infmem_verl.metrics import trajectory_values
 from infmem_verl.reward.components import TrajectoryRecord
 from infmem_verl.reward.metrics import ANSWER_METRICS
-from infmem_verl.rollout.facts import TurnFacts
+from infmem_verl.agent.facts import TurnFacts
 from infmem_verl.run_record import TRAJECTORIES_DIR
 
 _STEP_FILE = re.compile(r"step_(\d+)\.jsonl$")

@@ -13,7 +13,8 @@ from typing import Any, Literal, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
-from infmem_verl.agent.config import AgentConfig, ConfigError, agent_config, from_mapping
+from infmem_verl.agent.config import AgentConfig, agent_config, from_mapping
+from infmem_verl.agent.errors import ConfigError
 
 AGENT_KEY = "infmem.agent"
 # Headroom of a Write prompt beyond chunk, memory, evidence and question: the chat template,

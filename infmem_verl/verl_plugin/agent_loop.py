@@ -8,7 +8,7 @@ sequence's advantage to the others (multi-conversation training).
 
 The question is the last user message of the prompt column; the document is resolved from the
 reference column (``infmem.documents.ref_key``) so it never travels with the sequences. Each
-sequence's ``extra_fields`` carries its :class:`~infmem_verl.rollout.facts.TurnFacts`.
+sequence's ``extra_fields`` carries its :class:`~infmem_verl.agent.facts.TurnFacts`.
 
 With ``infmem.cost.score_in_agent_loop`` (the default) the loop scores the trajectory itself with
 the ``infmem`` reward manager's components and code (:func:`~infmem_verl.reward.manager.score_trajectory`)
@@ -35,9 +35,9 @@ from infmem_verl.policy.transformers import end_token_ids
 from infmem_verl.policy.verl_server import VerlServerPolicy
 from infmem_verl.reward.components import Component, load_components
 from infmem_verl.reward.manager import build_record, score_trajectory
-from infmem_verl.rollout import documents
-from infmem_verl.rollout.facts import turn_facts
-from infmem_verl.rollout.settings import DocumentSettings, agent_settings, document_settings
+from infmem_verl.data import documents
+from infmem_verl.agent.facts import turn_facts
+from infmem_verl.settings import DocumentSettings, agent_settings, document_settings
 
 # A sequence is one single-turn conversation: the user prompt and the assistant response.
 TURNS_PER_SEQUENCE = 2

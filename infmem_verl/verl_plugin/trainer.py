@@ -70,8 +70,8 @@ from infmem_verl.cost import (
 )
 from infmem_verl.metrics import PREFIX, log_prob_gap, numeric, summarize, trajectory_values
 from infmem_verl.reward.components import TrajectoryRecord, breaks_protocol
-from infmem_verl.rollout.facts import TurnFacts
-from infmem_verl.rollout.settings import TrainSettings, cost_settings, train_settings
+from infmem_verl.agent.facts import TurnFacts
+from infmem_verl.settings import TrainSettings, cost_settings, train_settings
 from infmem_verl.run_record import RunRecord, record_settings, records_dir
 
 # verl's step metrics repeated under infmem/, so one TensorBoard section holds a run's story.
@@ -439,7 +439,7 @@ class InfMemSyncTrainer(PPOTrainerSync):
 
     def _plot_summary(self) -> None:
         """Draw the run summary; a plotting failure is reported, never allowed to fail the run."""
-        from infmem_verl.cpu.warmup import warmup_report
+        from infmem_verl.warmup_report import warmup_report
 
         trainer = self.config.trainer
         try:

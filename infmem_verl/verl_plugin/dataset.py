@@ -10,8 +10,8 @@ One row per sample in the columns verl and our agent loops read:
 The rows are written by :class:`data_prep.training.TrainingWriter`, the one writer of training
 files; this module adds a command line for synthetic samples and JSON-lines records.
 
-    python -m infmem_verl.rollout.dataset --synthetic 8 --tokens 8000 --out data/smoke_train.parquet
-    python -m infmem_verl.rollout.dataset --records my_set.jsonl --out data/my_train.parquet
+    python -m infmem_verl.verl_plugin.dataset --synthetic 8 --tokens 8000 --out data/smoke_train.parquet
+    python -m infmem_verl.verl_plugin.dataset --records my_set.jsonl --out data/my_train.parquet
 
 Store references are absolute paths (Ray workers need not share the launcher's working
 directory); move data with ``infmem.documents.root`` and relative references instead.

@@ -1,0 +1,66 @@
+"""``warmup.json``, the record a warmed-up model folder carries (see :mod:`infmem_verl.cpu.warmup`).
+
+Its own module, below the trainer that plots its SFT losses in the run summary and the warm-up
+that writes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPORT = "warmup.json"
+
+
+@dataclass
+class HeldOut:
+    """What the warmed model does on held-out documents: per-turn protocol validity and the
+    figures the RL run logs per trajectory (means over trajectories)."""
+
+    samples: int
+    prethink_valid: float  # PreThink turns whose action parsed
+    write_valid: float  # Writes that closed their thinking and stayed within the memory cap
+    retrieval_calls: float
+    chunks_read: float
+    stopped_early: float
+    early_stop: float  # the early-stop reward component
+    accuracy: float  # exact match of the boxed answer
+
+    def line(self) -> str:
+        return (
+            f"held-out {self.samples} docs: PreThink actions valid {self.prethink_valid:.0%}, "
+            f"Writes valid {self.write_valid:.0%} | retrievals {self.retrieval_calls:.1f}/traj, "
+            f"chunks read {self.chunks_read:.1f}, stopped early {self.stopped_early:.0%}, "
+            f"early-stop reward {self.early_stop:.2f}, accuracy {self.accuracy:.0%}"
+        )
+
+
+@dataclass
+class WarmupReport:
+    """``warmup.json``: how the model was made and what it reached."""
+
+    settings: dict[str, Any]
+    protocol_key: str
+    sft_losses: list[float] = field(default_factory=list)
+    heldout: HeldOut | None = None
+    seconds: dict[str, float] = field(default_factory=dict)  # per stage
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def read(cls, path: Path) -> WarmupReport:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        heldout = data.pop("heldout", None)
+        return cls(**data, heldout=HeldOut(**heldout) if heldout else None)
+
+
+def warmup_report(model_path: str | Path | None) -> WarmupReport | None:
+    """The warm-up report of a model folder the warm-up built; None for any other model (or none)."""
+    if model_path is None:
+        return None
+    path = Path(model_path).parent / REPORT
+    return WarmupReport.read(path) if path.is_file() else None
