@@ -378,13 +378,29 @@ def test_tokenization_differs_only_at_slot_boundaries(builder, kind):
         assert j2 - j1 <= 4
 
 
-def test_chat_messages_layout(builder):
+_SECTIONS = {
+    "question": "<question>\nQ\n</question>",
+    "memory": "<previous_memory>\nM\n</previous_memory>",
+    "evidence": "<retrieved_passages>\nE\n</retrieved_passages>",
+    "chunk": "<current_chunk>\nC\n</current_chunk>",
+}
+
+
+@pytest.mark.parametrize(
+    "overrides,infmem_order,memagent_order",
+    [
+        ({}, ("question", "chunk", "memory", "evidence"), ("question", "chunk", "memory")),  # the default
+        ({"write_layout": "memory_first"}, ("question", "memory", "evidence", "chunk"), ("question", "memory", "chunk")),
+    ],
+)
+def test_chat_messages_layout(tokenizer, overrides, infmem_order, memagent_order):
+    builder = make_builder(tokenizer, **overrides)
     slots = {"question": "Q", "memory": "M", "chunk": "C", "evidence": "E", "history": "H"}
-    content = builder.chat_messages("write_infmem", slots)[0]["content"]
-    order = [content.index(s) for s in ("<question>\nQ\n</question>", "<previous_memory>\nM\n</previous_memory>",
-                                        "<retrieved_passages>\nE\n</retrieved_passages>",
-                                        "<current_chunk>\nC\n</current_chunk>")]
-    assert order == sorted(order)
+    for kind, expected in (("write_infmem", infmem_order), ("write_memagent", memagent_order)):
+        content = builder.chat_messages(kind, slots)[0]["content"]
+        found = sorted((content.index(text), slot) for slot, text in _SECTIONS.items() if text in content)
+        assert tuple(slot for _, slot in found) == expected, kind
+        assert content.endswith(_SECTIONS[expected[-1]])
     assert builder.chat_messages("prethink", slots)[0]["content"].endswith("<memory>\nM\n</memory>")
 
 
@@ -425,7 +441,7 @@ def test_write_prompts(tokenizer):
     assert "[Retrieved #1] The stadium opened in 1936\n\n[Retrieved #2]  It seats 74,000" in infmem
     assert "768 tokens" in infmem and "<tools>" not in infmem
     assert f"<previous_memory>\n{EMPTY_MEMORY_TEXT}\n</previous_memory>" in infmem
-    assert infmem.index("<retrieved_passages>") < infmem.index("<current_chunk>\nWerner March designed it")
+    assert infmem.index("<current_chunk>\nWerner March designed it") < infmem.index("<retrieved_passages>")
     empty = builder.decode(builder.write(q, [], chunk, []).ids)
     assert f"<retrieved_passages>\n{NO_EVIDENCE_TEXT}\n</retrieved_passages>" in empty
     memagent = builder.decode(builder.write(q, builder.encode("old notes"), chunk, None).ids)
@@ -500,9 +516,10 @@ def test_close_think_ids_round_trip(builder):
 # --------------------------------------------------------------------------------------------
 
 
-def budget_builder(tokenizer, write_tokens: int = 8000, evidence_tokens: int = 2500, prethink_tokens: int = 4096):
+def budget_builder(tokenizer, write_tokens: int = 8000, evidence_tokens: int = 2500, prethink_tokens: int = 4096, **overrides):
     return make_builder(
         tokenizer,
+        **overrides,
         document={"chunk_tokens": 400, "unit_tokens": 100, "unit_overlap": 20},
         memory_tokens=64,
         retrieval={"evidence_tokens": evidence_tokens},
@@ -532,8 +549,9 @@ def assert_intact(built, *slots) -> None:
 
 
 def kept_chunk(builder, built) -> np.ndarray:
-    """The chunk ids of a Write prompt: what lies between its chunk tags."""
-    opening, closing = builder.encode("<current_chunk>\n"), builder.encode("\n</current_chunk>")
+    """The chunk ids of a Write prompt: what lies between its chunk tags (the closing tag's ``>``
+    left out: with a section after the chunk, BPE merges it with the blank line that follows)."""
+    opening, closing = builder.encode("<current_chunk>\n"), builder.encode("\n</current_chunk")
     start = find(built.ids, opening) + len(opening)
     return built.ids[start : start + find(built.ids[start:], closing)]
 
@@ -584,11 +602,12 @@ def test_memagent_write_cuts_only_the_chunk(tokenizer, parts):
     assert_intact(built, question, memory)
 
 
-def test_budget_never_exceeded_and_question_memory_never_cut(tokenizer, wiki_ids):
+@pytest.mark.parametrize("write_layout", ["chunk_first", "memory_first"])
+def test_budget_never_exceeded_and_question_memory_never_cut(tokenizer, wiki_ids, write_layout):
     rng = random.Random(1)
     for trial in range(40):
         budget = rng.randint(530, 1400)
-        builder = budget_builder(tokenizer, write_tokens=budget, evidence_tokens=rng.randint(0, 600))
+        builder = budget_builder(tokenizer, write_tokens=budget, evidence_tokens=rng.randint(0, 600), write_layout=write_layout)
         question = wiki_ids[3000 : 3000 + rng.randint(1, 60)]
         memory = wiki_ids[4000 : 4000 + rng.randint(0, 64)]
         chunk = wiki_ids[: rng.randint(0, 400)]

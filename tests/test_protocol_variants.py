@@ -214,6 +214,30 @@ def test_memagent_variants_budget_thinking_and_memory_as_described(tokenizer, va
     assert set(VARIANTS) >= {"paper_retrieval", "memagent_shared", "memagent_nothink"}
 
 
+@pytest.mark.parametrize(
+    "preset,variants,method,memory_first",
+    [
+        ("default", [], "memagent", False),  # ours: chunk_first, for RL, SFT data and evaluation alike
+        ("default", [], "infmem", False),
+        ("reference", [], "memagent", True),
+        ("reference", [], "infmem", True),
+        ("embedded", [], "memagent", False),
+        ("embedded", ["memagent_shared"], "memagent", True),  # the variants pin it on any preset
+        ("embedded", ["memagent_nothink"], "memagent", True),
+    ],
+)
+def test_the_reference_protocols_write_the_memory_before_the_chunk(tokenizer, preset, variants, method, memory_first):
+    cfg = EvalConfig(preset=preset, variants=variants).agent_config()
+    document = "\n\n".join(f"{p['title']}\n{p['text']}" for p in wiki_paragraphs()[:6])
+    policy = ScriptedPolicy(tokenizer, lambda prompt, params: "<think>\nok\n</think>\n\nThe notes")
+    asyncio.run(build_agent(method, cfg, tokenizer).run(policy, "Where?", document))
+    writes = [tokenizer.decode(c.prompt_ids.tolist()) for c in policy.calls]
+    writes = [text for text in writes if "<current_chunk>" in text]
+    assert writes and cfg.write_layout == ("memory_first" if memory_first else "chunk_first")
+    for text in writes:
+        assert (text.index("<previous_memory>") < text.index("<current_chunk>")) is memory_first
+
+
 def test_the_readme_command_for_a_released_memagent_checkpoint_parses_to_that_protocol():
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     block = readme[readme.index("python -m infmem_verl.eval --endpoint http://127.0.0.1:8000 --tokenizer") :]
