@@ -244,6 +244,7 @@ def test_a_second_run_resumes_and_redoes_nothing(tokenizer, samples, train_file,
 def test_teacher_protocol_is_the_rl_recipes():
     agent, cfg = recipe_agent("smoke", [*OVERRIDES, "infmem.agent.memory_tokens=64"])
     assert agent == "infmem" and cfg.document.chunk_tokens == 1000 and cfg.memory_tokens == 64
+    assert cfg.write_layout == "chunk_first"  # the SFT data's Writes are laid out as RL's
     assert recipe_agent("infmem_qwen25_7b", [])[1].thinking is False  # the Qwen2.5 student never thinks
     assert recipe_agent("infmem_4b", ["agent=memagent"])[0] == "memagent"
     with pytest.raises(ConfigError, match="recipe"):

@@ -115,6 +115,7 @@ def test_every_agent_field_is_a_documented_override():
             lambda c, a: a.write.prompt_tokens == 8000 + 1024 + 2500 + 1024 + 512,
         ),
         ("infmem.agent.memory_tokens=512", lambda c, a: a.memory_tokens == 512),
+        ("infmem.agent.write_layout=memory_first", lambda c, a: a.write_layout == "memory_first"),
         (
             "infmem.reward.components.early_stop.weight=0",
             lambda c, a: c.infmem.reward.components.early_stop.weight == 0,

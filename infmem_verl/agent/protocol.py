@@ -745,7 +745,8 @@ class PromptBuilder:
         """The memory writer's prompt.
 
         ``evidence=None``: MemAgent's update (question, previous memory, chunk). A sequence of
-        retrieved units' ids, best first (possibly empty): InfMem's evidence-aware Write.
+        retrieved units' ids, best first (possibly empty): InfMem's evidence-aware Write. The
+        sections follow ``cfg.write_layout`` (default: the chunk right after the question).
         """
         kind: PromptKind = "write_memagent" if evidence is None else "write_infmem"
         template = self._templates[kind]
