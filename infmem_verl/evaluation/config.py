@@ -18,7 +18,7 @@ the report leads with.
 
 Variants (``--variant``, any number, applied in order on top of the preset and before ``--set``)
 reproduce the protocols other checkpoints were trained or evaluated with: the paper-era retrieval
-and the MemAgent baseline's two budget regimes, both with memory-first Writes (:data:`VARIANTS`).
+and the MemAgent baseline's two budget regimes, each with memory-first Writes (:data:`VARIANTS`).
 """
 
 from __future__ import annotations
@@ -48,10 +48,11 @@ class Preset:
 
 _GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "record_token_ids": False}
 
-# The reference code shows a Write the memory before the chunk (MemAgent's problem, memory,
-# section), so the protocols that reproduce it keep that order over our chunk_first default.
-# InfMem's own code shows its memory last; a checkpoint's exact order comes with its
-# prompt_templates file, which overrides the layout.
+# MemAgent's reference code puts a Write's memory before its chunk (problem, memory, section), so
+# the protocols that reproduce the reference keep that order over our chunk_first default.
+# (InfMem's code puts the memory last, after the retrieved and the current chunk, which neither
+# built-in layout is; a checkpoint's exact order comes with its prompt_templates file, which
+# overrides the layout.)
 _REFERENCE_LAYOUT = {"write_layout": "memory_first"}
 
 PRESETS: dict[str, Preset] = {
