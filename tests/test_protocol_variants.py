@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from infmem_verl.agent.config import RetrievalConfig, agent_config
+from infmem_verl.agent.config import AgentConfig, CallBudget, RetrievalConfig, agent_config, from_mapping
 from infmem_verl.agent.errors import ConfigError
 from infmem_verl.agent.document import Document
 from infmem_verl.agent.loops import build_agent
@@ -253,3 +253,12 @@ def test_the_readme_command_for_a_released_memagent_checkpoint_parses_to_that_pr
     assert [p.accuracy for p in published] == [83.59, 82.03, 84.38, 80.47, 76.56, 81.25, 75.00, 77.34, 76.56, 78.12]
     files = [candidates(Path("d"), "hotpotqa", length)[-1].name for length in cfg.lengths]
     assert files[0] == "eval_50.json" and files[-2:] == ["eval_12800.json", "eval_25600.json"]
+
+
+def test_a_variant_setting_part_of_a_budget_keeps_the_rest_of_the_default():
+    cfg = EvalConfig(preset="default", variants=["memagent_nothink"]).agent_config()
+    assert (cfg.write.prompt_tokens, cfg.write.thinking_tokens, cfg.write.output_tokens) == (
+        AgentConfig().write.prompt_tokens, AgentConfig().write.thinking_tokens, 1024,
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match=r"^write\.prompt_tokens: missing; CallBudget needs"):
+        from_mapping(CallBudget, {"thinking_tokens": 0, "output_tokens": 4}, "write")

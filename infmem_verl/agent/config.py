@@ -289,14 +289,26 @@ def from_mapping(cls: type[T], data: Mapping[str, Any] | None, path: str = "") -
     if unknown:
         where = f"{path}." if path else ""
         raise ConfigError(f"{where}{unknown[0]}: unknown key; expected one of {sorted(known)}")
+    required = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in data
+    ]
+    if required:
+        where = f"{path}." if path else ""
+        raise ConfigError(f"{where}{required[0]}: missing; {cls.__name__} needs {required} set")
     kwargs = {}
+    defaults = {f.name: f.default_factory for f in dataclasses.fields(cls) if f.default_factory is not dataclasses.MISSING}
     for name, value in data.items():
         hint = hints[name]
         sub = f"{path}.{name}" if path else name
         if dataclasses.is_dataclass(hint) and isinstance(hint, type):
             if not isinstance(value, Mapping):
                 raise ConfigError(f"{sub}: expected a mapping, got {value!r}")
-            kwargs[name] = from_mapping(hint, value, sub)
+            # A partial mapping overrides the field's default record key by key (a preset setting
+            # only `write.output_tokens` keeps the default prompt and thinking budgets).
+            base = dataclasses.asdict(defaults[name]()) if name in defaults else {}
+            kwargs[name] = from_mapping(hint, {**base, **value}, sub)
         else:
             kwargs[name] = _coerce(value, hint, sub)
     return cls(**kwargs)
