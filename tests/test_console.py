@@ -2,7 +2,8 @@
 child process, Python and the C level print goes to ``run.log``; the console gets one line per
 step and per validation from the run's own records, then the end table with the paths.
 
-The full run (``python -m infmem_verl.main +recipe=smoke`` in console mode) is in tests/test_warmup.py.
+The full run in console mode (``python -m infmem_verl.main +recipe=demo`` from the warm-up's SFT
+checkpoint) is the learning run of tests/test_cpu_training_runs.py.
 """
 
 from __future__ import annotations

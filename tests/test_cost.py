@@ -1,6 +1,7 @@
 """The cost ledger (infmem_verl/cost.py) and the config side of the levers that cut it.
 
-The ledger's counts against a CPU training step are checked in tests/test_cpu_training_runs.py;
+The ledger's counts against a CPU training step are checked in tests/test_metrics_tb.py (levers off)
+and tests/test_cpu_training_runs.py (levers b, c, d on);
 scoring inside the agent loop (lever a) in tests/test_verl_reward.py.
 """
 

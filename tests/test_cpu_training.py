@@ -1,8 +1,9 @@
 """The CPU backend's pieces, without a Ray cluster: engine, generation actor, weight sync, backend
 selection, self-contained inputs, the step report, and the contract with verl's trainer.
 
-The whole pipeline (``python -m infmem_verl.main +recipe=smoke``: learning, weight versions,
-Ctrl-C) runs in tests/test_cpu_training_runs.py.
+The whole pipeline (``python -m infmem_verl.main``) runs in tests/test_cpu_training_runs.py (learning,
+weight versions, cost levers, console mode) and tests/test_metrics_tb.py (the smoke recipe: Ctrl-C,
+checkpoints, resume, TensorBoard, the cost ledger).
 """
 
 from __future__ import annotations

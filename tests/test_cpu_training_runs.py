@@ -1,36 +1,34 @@
-"""`python -m infmem_verl.main +recipe=smoke` for real, as `make smoke` runs it, on short documents.
+"""Learning, for real: GRPO from the warm-up's SFT checkpoint through `python -m infmem_verl.main`
+on the CPU backend (verl's own trainer loop), with a reward the model can move.
 
-Two subprocess runs of the CPU backend through verl's own trainer loop:
+One subprocess run (a Ray cluster start costs a CPU run most of its time, so it checks everything
+at once). It is the last link of the demo chain (distil -> SFT -> GRPO): ``+recipe=demo`` with
+``actor_rollout_ref.model.path`` = the small warm-up's SFT output (``warm_model``, conftest.py),
+as MemAgent on short documents with a pluggable reward component the model can move on one of the
+two questions (at a low sampling temperature, weight decay 0), five steps with three cost levers on: rollout log-probs as
+old log-probs (b), rows of zero advantage dropped (c), no reference pass at KL 0 (d).
 
-* the smoke recipe (InfMem, default reward) on 2400-token documents: it builds its own model and
-  data, prints every per-step figure, validates once, and a Ctrl-C during the next step stops
-  every Ray process it started;
-* learning: MemAgent with a reward the random tiny model can move (a pluggable component, at a
-  low sampling temperature, weight decay 0): the reward rises, every update changes the weights,
-  and the generation actor serves exactly the last update's weights, never anything else.
+* the reward rises, every update changes the weights, and the generation actor serves exactly
+  the last update's weights, never anything else;
+* each lever cuts only its pass, as the cost ledger (``infmem/cost/...``) and the trajectory
+  records show;
+* the console is the readable one (no ``-v``): the backend line, one compact line per step and
+  per validation, the end table with the paths, verl's and Ray's output in ``run.log``.
 
-Two one-step runs check the cost ledger (``infmem/cost/...``) against verl's own token count and
-the trajectory records, with the levers off and with rollout log-probs as old log-probs, dropped
-zero-advantage rows and no reference pass.
-
-Per-step metrics are read from verl's own file logger (``VERL_FILE_LOGGER_PATH``).
+The smoke recipe's own run (Ctrl-C, checkpoints, resume, the ledger with the levers off) is
+checked in tests/test_metrics_tb.py. Per-step metrics are read from verl's own file logger
+(``VERL_FILE_LOGGER_PATH``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import queue
-import re
-import signal
 import subprocess
 import sys
-import threading
-import time
-import zlib
+from collections import defaultdict
 from pathlib import Path
 
-import psutil
 import pytest
 
 TESTS_DIR = Path(__file__).parent
@@ -49,74 +47,31 @@ def ascii_letters(record) -> float:
     return sum(c.isascii() and (c.isalpha() or c == " ") for c in text) / max(len(text), 1)
 
 
+def ascii_letters_of_odd_questions(record) -> float:
+    """Reward component: :func:`ascii_letters` for odd-indexed questions, 0 for even-indexed ones.
+
+    The even question's group always scores 0, a GRPO group of exactly zero advantage, so the
+    zero-advantage lever has rows to drop in every step; the odd one's group learns. Imported by
+    the agent-loop workers as ``test_cpu_training_runs.ascii_letters_of_odd_questions``.
+    """
+    return ascii_letters(record) if int(record.extra_info["index"]) % 2 else 0.0
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("cpu_runs")
 
 
-def _env(workdir: Path, metrics: Path) -> dict[str, str]:
-    return {
+def _env(metrics: Path) -> dict[str, str]:
+    env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
-        "INFMEM_CACHE": str(workdir / "cache"),  # where the smoke recipe builds its tiny model
         "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")])),
         "VERL_FILE_LOGGER_PATH": str(metrics),
-        "INFMEM_VERBOSE": "1",  # verl's and Ray's full output on stdout, where these tests read it
     }
-
-
-def _short_smoke(workdir: Path, name: str, doc_tokens: int) -> list[str]:
-    """The smoke recipe on short documents (chunks of 800 tokens), its data under ``workdir``."""
-    return [
-        "+recipe=smoke",
-        f"data.train_files={workdir / name}_train.parquet",
-        f"data.val_files={workdir / name}_val.parquet",
-        f"infmem.bootstrap.doc_tokens={doc_tokens}",
-        "infmem.agent.document={chunk_tokens:800,unit_tokens:200,unit_overlap:40,paragraph_units:false}",
-        "trainer.logger=[console,file]",
-    ]
-
-
-def _launch(workdir: Path, name: str, overrides: list[str]) -> tuple[subprocess.Popen, Path]:
-    metrics = workdir / f"{name}_metrics.jsonl"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "infmem_verl.main", *overrides],
-        cwd=workdir,
-        env=_env(workdir, metrics),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    return process, metrics
-
-
-def _lines(process: subprocess.Popen) -> queue.Queue:
-    """The process's output lines, read by a thread so that waiting for one can time out."""
-    lines: queue.Queue = queue.Queue()
-
-    def pump() -> None:
-        for line in process.stdout:
-            lines.put(line)
-        lines.put(None)
-
-    threading.Thread(target=pump, daemon=True).start()
-    return lines
-
-
-def _read_until(lines: queue.Queue, pattern: str, seen: list[str], timeout_s: float) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            line = lines.get(timeout=1.0)
-        except queue.Empty:
-            continue
-        if line is None:
-            break
-        seen.append(line)
-        if re.search(pattern, line):
-            return line
-    raise AssertionError(f"no line matching {pattern!r}; output ends with:\n{''.join(seen[-40:])}")
+    env.pop("INFMEM_VERBOSE", None)  # the console a person reads
+    return env
 
 
 def _metrics(path: Path) -> list[dict]:
@@ -125,74 +80,53 @@ def _metrics(path: Path) -> list[dict]:
     return [r["data"] for r in sorted(records, key=lambda r: r["step"])]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+def _check_console(console: str, record_dir: Path) -> None:
+    """The console mode's output: what a person reads, verl's and Ray's output in the log file."""
+    lines = console.splitlines()
+    assert any(line.startswith("[infmem] backend: cpu") for line in lines)
+    log = (record_dir / "run.log").resolve()
+    assert f"[infmem] training; verl's and Ray's full output: {log} (-v or INFMEM_VERBOSE=1 shows it here)" in lines
+    steps = [line.split(" |")[0] for line in lines if line.startswith("[infmem cpu] step")]
+    assert steps == [f"[infmem cpu] step {n}/5" for n in range(1, 6)]
+    assert sum(line.startswith("[infmem cpu] validation") for line in lines) == 1
+    table = lines[lines.index("[infmem] run summary") :]
+    for label in ("reward", "accuracy", "chunks read", "stop rate", "LLM calls", "time:", "TensorBoard", "steps", "summary plot", "full log"):
+        assert any(line.strip().startswith(label) for line in table), (label, table)
+    assert len(lines) < 45, console  # not verl's metric dumps
+    assert not any("engine is not available" in line or "(TaskRunner" in line for line in lines)
+    assert "(TaskRunner" in log.read_text()  # Ray's forwarded worker output went to the file
+    assert (record_dir / "run_summary.png").is_file()
 
 
-STEP_LINE = (
-    r"\[infmem cpu\] step {step}/3 \| reward \d\.\d{{3}} \(outcome \d\.\d{{3}}, early_stop \d\.\d{{3}}, "
-    r"protocol \d\.\d{{3}}\) \| acc \d\.\d{{3}} \| chunks read 3\.0/3\.0 \| stopped \d/4 at step \S+ \| "
-    r"llm calls \d+\.\d/traj \| optimizer steps 2 \| loss \S+ \(pg \S+\) \| grad norm \S+ \| "
-    r"rollout-vs-engine prob diff \S+ \| \d+\.\ds"
-)
+def _zero_advantage(trajectories: list[dict]) -> list[bool]:
+    """Per trajectory: its reward equals its GRPO group's mean (so its advantage is exactly 0)."""
+    groups: dict[str, list[float]] = defaultdict(list)
+    for t in trajectories:
+        groups[t["key"].rsplit("_", 1)[0]].append(t["values"]["reward"])
+    return [
+        abs(t["values"]["reward"] - sum(groups[g]) / len(groups[g])) < 1e-9
+        for t, g in ((t, t["key"].rsplit("_", 1)[0]) for t in trajectories)
+    ]
 
 
-def test_smoke_recipe_trains_validates_and_stops_every_ray_process_on_ctrl_c(workdir):
-    # Three steps with validation after the second: the smoke run's 2 steps + 1 validation pass,
-    # then Ctrl-C while the third step is running.
-    overrides = [*_short_smoke(workdir, "smoke", doc_tokens=2400), "trainer.total_training_steps=3"]
-    process, metrics = _launch(workdir, "smoke", overrides)
-    lines, seen = _lines(process), []
-    try:
-        _read_until(lines, r"\[infmem\] model: tiny random Qwen3 with the real Qwen3 tokenizer at ", seen, 300)
-        _read_until(lines, r"\[infmem\] data\.train_files: wrote 4 synthetic two-hop questions", seen, 300)
-        _read_until(lines, r"\[infmem\] backend: cpu \(no GPU in this machine\)", seen, 300)
-        # verl validates before it computes the step's metrics: the validation line comes first.
-        _read_until(lines, STEP_LINE.format(step=1), seen, RUN_TIMEOUT_S)
-        _read_until(
-            lines, r"\[infmem cpu\] validation \| reward \S+ \| acc \S+ \| chunks_read 3\.000", seen, RUN_TIMEOUT_S
-        )
-        _read_until(lines, STEP_LINE.format(step=2), seen, 300)
-        started = [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
-        names = " ".join(" ".join(psutil.Process(p).cmdline()) for p in started if _alive(p))
-        for actor in ("TaskRunnerV1", "CPUGenerationServer", "AgentLoopWorkerTQ", "RewardLoopWorker"):
-            assert actor in names
-        process.send_signal(signal.SIGINT)
-        process.wait(timeout=120)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    _read_until(lines, r"\[infmem\] interrupted: stopping the Ray workers this run started", seen, 10)
-    assert process.returncode != 0
-    deadline = time.monotonic() + 60
-    while any(_alive(p) for p in started) and time.monotonic() < deadline:
-        time.sleep(1)
-    assert not [p for p in started if _alive(p)], "Ray processes survived Ctrl-C"
-
-    records = _metrics(metrics)
-    assert len(records) == 2
-    for record in records:
-        assert record["training/off_policy/trajectory_staleness/max"] == 0  # rollouts used the last update
-        assert record["infmem/num_chunks"] == 3 and record["infmem/trajectories"] == 4
-        assert record["training/rollout_probs_diff_max"] < 1e-3  # engine recomputes what was sampled
-    assert any(key.startswith("val-core/") and key.endswith("/acc/mean@1") for key in records[1])
-
-
-def test_a_moveable_reward_rises_and_the_generation_actor_serves_each_update(workdir, tiny_model_dir):
+def test_grpo_from_the_sft_checkpoint_raises_a_moveable_reward_with_levers_b_c_d(workdir, warm_model):
     from infmem_verl.cpu.engine import load_model
     from infmem_verl.cpu.server import weights_digest
+    from infmem_verl.run_record import RunRecord
 
     overrides = [
-        *_short_smoke(workdir, "learn", doc_tokens=1600),
-        "agent=memagent",
-        f"actor_rollout_ref.model.path={tiny_model_dir}",
+        "+recipe=demo",
+        "agent=memagent",  # the cheapest rows: a Write per chunk and the answer
+        f"actor_rollout_ref.model.path={warm_model}",
+        f"data.train_files={workdir}/learn_train.parquet",
+        f"data.val_files={workdir}/learn_val.parquet",
+        "infmem.bootstrap.doc_tokens=1600",
         "infmem.bootstrap.train_samples=2",
+        "infmem.agent.document={chunk_tokens:800,unit_tokens:200,unit_overlap:40,paragraph_units:false}",
+        "trainer.logger=[console,file]",
         "reward_fn=outcome",
         "infmem.reward.components.outcome.weight=0",
-        "+infmem.reward.components.ascii={_target_:test_cpu_training_runs.ascii_letters,weight:1.0}",
+        "+infmem.reward.components.ascii={_target_:test_cpu_training_runs.ascii_letters_of_odd_questions,weight:1.0}",
         "infmem.agent.memory_tokens=16",
         "infmem.agent.write={prompt_tokens:null,thinking_tokens:8,output_tokens:16}",
         "infmem.agent.answer={prompt_tokens:1024,thinking_tokens:8,output_tokens:16}",
@@ -201,114 +135,62 @@ def test_a_moveable_reward_rises_and_the_generation_actor_serves_each_update(wor
         "actor_rollout_ref.actor.optim.lr=1e-2",
         "actor_rollout_ref.actor.optim.weight_decay=0",
         "infmem.train.optimizer_steps_per_rl_step=1",
+        "algorithm.rollout_correction.bypass_mode=true",  # b
+        "infmem.cost.drop_zero_advantage=true",  # c
+        "actor_rollout_ref.actor.kl_loss_coef=0",  # d
         "trainer.total_training_steps=5",
-        "trainer.test_freq=-1",
+        "trainer.test_freq=5",  # one validation, after the last step
     ]
-    process, metrics = _launch(workdir, "learn", overrides)
-    output, _ = process.communicate(timeout=RUN_TIMEOUT_S)
-    assert process.returncode == 0, output[-4000:]
-    assert "[infmem cpu] step 5/5 | reward" in output
+    metrics = workdir / "learn_metrics.jsonl"
+    run = subprocess.run(
+        [sys.executable, "-m", "infmem_verl.main", *overrides],
+        cwd=workdir, env=_env(metrics), capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+    )  # fmt: skip
+    console = run.stdout + run.stderr
+    assert run.returncode == 0, console[-4000:]
     records = _metrics(metrics)
     assert len(records) == 5
+    record_dir = workdir / "tensorboard_log" / "infmem_verl" / "demo"
+    _check_console(console, record_dir)
 
-    rewards = [r["infmem/ascii"] for r in records]
+    rewards = [r["infmem/ascii"] for r in records]  # half the odd question's mean (the even one's is 0)
     assert all(r["infmem/reward"] == pytest.approx(a) for r, a in zip(records, rewards, strict=True))
-    # At this learning rate the policy may collapse for a step and recover (one CI run read
-    # 0.39, 0.75, 0.88, 0.17, 0.97), so the four updated steps together must be well above the
-    # first, which sampled the untrained model (typically ~0.4 -> ~0.9).
-    assert sum(rewards[1:]) / 4 > rewards[0] + 0.2, f"reward did not rise: {rewards}"
+    # At this learning rate the policy may collapse for a step and recover, so the four updated
+    # steps together must be above the first, which sampled the SFT checkpoint (typically the odd
+    # question's ~0.6 -> ~0.95, so 0.3 -> 0.48 here).
+    assert sum(rewards[1:]) / 4 > rewards[0] + 0.1, f"reward did not rise: {rewards}"
 
-    served = weights_digest(load_model(str(tiny_model_dir)))  # the checkpoint the run starts from
+    served = weights_digest(load_model(str(warm_model)))  # the SFT checkpoint the run starts from
+    run_records = RunRecord(record_dir)
+    dropped_in_some_step = False
     for step, record in enumerate(records, 1):
         weights = {k.rsplit("/", 1)[1]: v for k, v in record.items() if k.startswith("cpu/weights/")}
+        trajectories = run_records.trajectories(step)
+        zero = _zero_advantage(trajectories)
         # The actor serves the previous update's weights for the whole rollout (validation and
         # everything else between two updates leave them alone)...
         assert weights["before_rollout"] == weights["after_rollout"] == served, f"step {step}"
-        # ...the update changes them, and the sync makes the actor serve exactly the new ones.
-        assert record["actor/grad_norm"] > 0 and weights["engine_after_update"] != served, f"step {step}"
+        # ...the update changes them (no gradient only when every group agreed), and the sync
+        # makes the actor serve exactly the new ones.
+        if all(zero):
+            assert record["actor/grad_norm"] == 0, f"step {step}"
+        else:
+            assert record["actor/grad_norm"] > 0 and weights["engine_after_update"] != served, f"step {step}"
         assert weights["after_sync"] == weights["engine_after_update"], f"step {step}"
         served = weights["after_sync"]
         assert record["training/off_policy/trajectory_staleness/max"] == 0
-        assert record["training/rollout_probs_diff_max"] < 1e-3
 
-
-# ------------------------------------------------------------------------ the cost ledger
-
-
-def uneven_groups(record) -> float:
-    """Reward component: 0 for every rollout of an even-indexed question (a GRPO group of zero
-    advantage), a hash of the answer text otherwise (different for every rollout). Imported by the
-    agent-loop workers as ``test_cpu_training_runs.uneven_groups``."""
-    if int(record.extra_info["index"]) % 2 == 0:
-        return 0.0
-    return (zlib.crc32(record.solution_str.encode()) % 997 + 1) / 997
-
-
-def _cost_run(workdir: Path, name: str, overrides: list[str]) -> tuple[dict, list[dict]]:
-    """One RL step of the short smoke run; its step metrics and its trajectory records."""
-    records = workdir / f"{name}_records"
-    base = [
-        *_short_smoke(workdir, name, doc_tokens=1600),
-        f"infmem.records.dir={records}",
-        "trainer.total_training_steps=1",
-        "trainer.test_freq=-1",
-    ]
-    process, metrics = _launch(workdir, name, [*base, *overrides])
-    output, _ = process.communicate(timeout=RUN_TIMEOUT_S)
-    assert process.returncode == 0, output[-4000:]
-    from infmem_verl.run_record import RunRecord
-
-    (record,) = _metrics(metrics)
-    return record, RunRecord(records).trajectories(1)
-
-
-def test_the_cost_ledger_counts_what_the_step_processed(workdir):
-    record, trajectories = _cost_run(workdir, "cost", [])
-    cost = {k.removeprefix("infmem/cost/"): v for k, v in record.items() if k.startswith("infmem/cost/")}
-    turns = [turn for t in trajectories for turn in t["turns"]]
-    assert cost["rows"] == len(turns) + cost["padding_rows"]
-    # verl's own count of the batch's tokens (from the token tensors in TransferQueue, padding
-    # rows of 128 tokens included): every pass got the whole batch.
-    real_tokens = sum(t["prompt_tokens"] + t["response_tokens"] for t in turns)
-    assert record["perf/total_num_tokens"] == real_tokens + 128 * cost["padding_rows"]
-    assert cost["old_log_prob_tokens"] == cost["reference_tokens"] == cost["update_tokens"] == record["perf/total_num_tokens"]
-    assert cost["update_rows"] == cost["rows"] and cost["trainer_tokens"] == 3 * record["perf/total_num_tokens"]
-    # The rollout side matches the turns the agent loops recorded.
-    assert cost["llm_calls"] == sum(t["llm_calls"] for t in turns) == record["infmem/llm_calls"] * len(trajectories)
-    assert cost["prefill_tokens"] == sum(t["prefill_tokens"] for t in turns) > real_tokens - cost["decode_tokens"]
-    # Scored in the agent loop: no reward tensors shipped, and verl kept the loop's scores.
-    assert cost["reward_bytes"] == 0 and cost["rollout_bytes"] > 0
-    assert all(t["values"]["reward"] == pytest.approx(t["values"]["outcome"] * 0.6 + t["values"]["early_stop"] * 0.6 + t["values"]["protocol"]) for t in trajectories)
-
-
-def test_levers_b_c_d_cut_only_their_passes(workdir):
-    record, trajectories = _cost_run(
-        workdir,
-        "levers",
-        [
-            "agent=memagent",
-            "infmem.bootstrap.train_samples=2",
-            "reward_fn=outcome",
-            "infmem.reward.components.outcome.weight=0",
-            "+infmem.reward.components.uneven={_target_:test_cpu_training_runs.uneven_groups,weight:1.0}",
-            "actor_rollout_ref.rollout.n=2",
-            "algorithm.rollout_correction.bypass_mode=true",  # b
-            "infmem.cost.drop_zero_advantage=true",  # c
-            "actor_rollout_ref.actor.kl_loss_coef=0",  # d
-            "infmem.train.optimizer_steps_per_rl_step=1",
-        ],
-    )
-    cost = {k.removeprefix("infmem/cost/"): v for k, v in record.items() if k.startswith("infmem/cost/")}
-    # b and d: verl's old-log-prob and reference passes did not run (their metrics and timers are absent).
-    assert cost["old_log_prob_tokens"] == cost["reference_tokens"] == 0
-    assert "actor/entropy" not in record and "timing_s/ref" not in record and "infmem/log_prob_gap/mean" not in record
-    # c: the even question's two trajectories (reward 0) left the update, the other two trained.
-    zero = [t for t in trajectories if t["values"]["reward"] == 0]
-    kept = [t for t in trajectories if t["values"]["reward"] != 0]
-    assert len(zero) == len(kept) == 2
-    assert cost["dropped_rows"] == sum(len(t["turns"]) for t in zero)
-    # The 6 kept rows (2 Writes and the answer each) are a multiple of lcm(dp 1, n 2): no fillers.
-    kept_tokens = sum(turn["prompt_tokens"] + turn["response_tokens"] for t in kept for turn in t["turns"])
-    assert cost["update_rows"] == sum(len(t["turns"]) for t in kept) == 6 and cost["update_tokens"] == kept_tokens
-    assert cost["rows"] == cost["update_rows"] + cost["dropped_rows"] and cost["padding_rows"] == 0
-    assert record["actor/grad_norm"] > 0
+        cost = {k.removeprefix("infmem/cost/"): v for k, v in record.items() if k.startswith("infmem/cost/")}
+        # b and d: verl's old-log-prob and reference passes did not run (their metrics and timers are absent).
+        assert cost["old_log_prob_tokens"] == cost["reference_tokens"] == 0, f"step {step}"
+        assert "actor/entropy" not in record and "timing_s/ref" not in record and "infmem/log_prob_gap/mean" not in record
+        # c: only rows without gradient left the update (trajectories at their group's mean reward,
+        # verl's padding rows), every other row trained; with no gradient anywhere nothing is dropped.
+        turns = [len(t["turns"]) for t in trajectories]
+        assert cost["rows"] == cost["update_rows"] + cost["dropped_rows"], f"step {step}"
+        assert cost["dropped_rows"] <= sum(n for n, z in zip(turns, zero) if z) + cost["padding_rows"], f"step {step}"
+        assert cost["update_rows"] >= sum(n for n, z in zip(turns, zero) if not z), f"step {step}"
+        if any(zero) and not all(zero):
+            assert cost["dropped_rows"] > 0, f"step {step}"
+            dropped_in_some_step = True
+    assert dropped_in_some_step  # the even question's group, while the odd one still varies

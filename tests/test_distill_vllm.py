@@ -22,7 +22,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from aiohttp import ClientSession, web
 
 from data_prep.training import TrainingWriter
 from infmem_verl.agent.protocol import PromptBuilder
@@ -35,7 +34,7 @@ from infmem_verl.sft.launch import run as run_sft
 from infmem_verl.sft.samples import sft_paths
 
 from test_sft import RecordingPolicy, close_think_ids, samples_from_calls, sft_config
-from vllm_server import REPO, SERVED_NAME
+from vllm_server import REPO, SERVED_NAME, Proxy
 
 RUN_TIMEOUT_S = 240
 SAMPLES = 4
@@ -148,37 +147,6 @@ def test_sft_steps_on_distilled_trajectories_lower_the_loss(distilled, tiny_mode
     assert result.checkpoint == tmp_path / "global_step_4" / "huggingface"
     model = AutoModelForCausalLM.from_pretrained(result.checkpoint)
     assert model.config.vocab_size == 151936 and (result.checkpoint / "tokenizer_config.json").is_file()
-
-
-class Proxy:
-    """A loopback HTTP proxy in front of the server that can be taken down and brought back."""
-
-    def __init__(self, target: str):
-        self.target = target
-        self.port = 0
-        self.runner: web.AppRunner | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self._forward)
-        self.runner = web.AppRunner(app, shutdown_timeout=0.1)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", self.port, reuse_address=True)
-        await site.start()
-        self.port = self.runner.addresses[0][1]
-
-    async def stop(self) -> None:
-        await self.runner.cleanup()
-
-    async def _forward(self, request: web.Request) -> web.Response:
-        async with ClientSession() as session:
-            async with session.request(request.method, self.target + request.path_qs, data=await request.read(),
-                                       headers={"Content-Type": "application/json"}) as response:  # fmt: skip
-                return web.Response(status=response.status, body=await response.read(), content_type="application/json")
 
 
 def ok_records(out: Path) -> list[dict]:

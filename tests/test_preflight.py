@@ -128,13 +128,14 @@ import json, sys
 from hydra import compose, initialize_config_dir
 from infmem_verl import conf_dir
 from infmem_verl.cpu.backend import select_backend
-with initialize_config_dir(str(conf_dir()), version_base=None):
-    config = compose("infmem_trainer", overrides=["+recipe=infmem_4b", *sys.argv[1:]])
-try:
-    backend = select_backend(config)
-    print(json.dumps({"gpus": backend.gpus, "message": backend.message}))
-except Exception as error:
-    print(json.dumps({"error": str(error)}))
+for override in sys.argv[1:]:  # one config per argument ("-": the recipe as it is)
+    with initialize_config_dir(str(conf_dir()), version_base=None):
+        config = compose("infmem_trainer", overrides=["+recipe=infmem_4b", *([override] if override != "-" else [])])
+    try:
+        backend = select_backend(config)
+        print(json.dumps({"gpus": backend.gpus, "message": backend.message}))
+    except Exception as error:
+        print(json.dumps({"error": str(error)}))
 """
 
 
@@ -151,15 +152,11 @@ def test_gpus_are_counted_on_the_ray_cluster_the_run_joins(tmp_path):
         assert select_backend(make_config("+recipe=infmem_4b")).gpus == 8  # this process is connected
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "RAY_ADDRESS": address}
 
-        def launch(*overrides: str) -> dict:
-            done = subprocess.run([sys.executable, "-W", "ignore", "-c", COUNT_GPUS, *overrides], cwd=tmp_path,
-                                  env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
-            assert done.returncode == 0, done.stderr[-3000:]
-            return json.loads(done.stdout.strip().splitlines()[-1])
-
-        joined = launch()
+        done = subprocess.run([sys.executable, "-W", "ignore", "-c", COUNT_GPUS, "-", "trainer.nnodes=2"], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        joined, too_small = (json.loads(line) for line in done.stdout.strip().splitlines()[-2:])
         assert joined["gpus"] == 8 and f"on 8 of the 8 GPU(s) of the Ray cluster at {address}" in joined["message"]
-        too_small = launch("trainer.nnodes=2")
         assert f"needs 2 x 8 = 16 GPUs and the Ray cluster at {address} has 8" in too_small["error"]
     finally:
         ray.shutdown()
@@ -259,13 +256,11 @@ def test_relative_data_paths_resolve_against_the_launch_directory(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     command = [sys.executable, "-m", "infmem_verl.main", "+recipe=infmem_4b", "dry_run=true",
                "data.train_files=data/train.parquet", "data.val_files=data/train.parquet"]  # fmt: skip
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    absent_val = [*command[:-1], "data.val_files=data/absent.parquet"]
+    done = subprocess.run(absent_val, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"document store readable: {tmp_path}/data/train_docs.parquet" in done.stdout
-    missing = subprocess.run(
-        [*command[:-2], "data.train_files=data/absent.parquet"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert missing.returncode == 0 and f"not found (not checked): ['{tmp_path}/data/absent.parquet'" in missing.stdout
+    assert f"not found (not checked): ['{tmp_path}/data/absent.parquet'" in done.stdout
     bad = subprocess.run(
         [*command, "infmem.agent.document.chunk_tokens=20000", "algorithm.adv_estimator=rloo"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,

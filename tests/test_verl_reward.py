@@ -12,6 +12,7 @@ import math
 from types import SimpleNamespace
 
 import pytest
+from omegaconf import OmegaConf
 from hydra import compose, initialize_config_dir
 from infmem_verl import conf_dir
 from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput, AgentLoopWorker
@@ -260,10 +261,22 @@ def compose_config(tiny_model_dir):
     return _compose
 
 
+_REWARD_WORKERS: dict[str, RewardLoopWorker] = {}
+
+
+def _reward_worker(config) -> RewardLoopWorker:
+    """One real reward worker per distinct config (building one loads its tokenizer and manager,
+    ~3 s on 2 cores; scoring keeps no state between calls)."""
+    key = OmegaConf.to_yaml(config)
+    if key not in _REWARD_WORKERS:
+        _REWARD_WORKERS[key] = RewardLoopWorker(config)
+    return _REWARD_WORKERS[key]
+
+
 def _in_process_worker(config) -> AgentLoopWorker:
     """verl's AgentLoopWorker reduced to what ``_compute_score`` uses, with the real reward worker
     called in-process instead of through a Ray actor handle."""
-    reward_worker = RewardLoopWorker(config)
+    reward_worker = _reward_worker(config)
     worker = AgentLoopWorker.__new__(AgentLoopWorker)
     worker.processor = None
     worker.mm_processor_kwargs = {}

@@ -1,51 +1,18 @@
-"""The demo recipe's chain end to end on real components: distil -> SFT -> GRPO from the SFT checkpoint.
+"""The demo recipe's warm-up end to end on real components: distil -> SFT -> held-out check.
 
-Smaller than ``make demo`` (4 distilled trajectories, 3 SFT steps, no validity threshold), so
-it proves the chain, not the student's quality:
-
-* the warm-up (:mod:`infmem_verl.cpu.warmup`) runs the real ``python -m infmem_verl.distill
-  --teacher oracle`` and ``python -m infmem_verl.sft +recipe=sft_warmup`` commands, checks the
-  student on held-out documents with the agent core, and caches the model with its report;
-* ``python -m infmem_verl.main +recipe=demo`` with ``actor_rollout_ref.model.path`` = that SFT
-  output trains a GRPO step and validates, in console mode: the console shows the backend line,
-  one compact line per step and per validation and the end table with the paths, while verl's
-  and Ray's full output is in ``run.log`` next to the TensorBoard events.
+Smaller than ``make demo`` (4 distilled trajectories, 3 SFT steps, no validity threshold; the
+``warm_model`` fixture of conftest.py), so it proves the chain, not the student's quality: the
+warm-up (:mod:`infmem_verl.cpu.warmup`) runs the real ``python -m infmem_verl.distill --teacher
+oracle`` and ``python -m infmem_verl.sft +recipe=sft_warmup`` commands, checks the student on
+held-out documents with the agent core, and caches the model with its report. GRPO from that
+SFT output, in console mode, is the learning run of tests/test_cpu_training_runs.py.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-import pytest
-from hydra import compose, initialize_config_dir
-from infmem_verl import conf_dir
-
+from conftest import WARMUP_SMALL, demo_config
 from infmem_verl.cpu.warmup import warm_qwen3_dir
 from infmem_verl.warmup_report import warmup_report
-from infmem_verl.run_record import RunRecord
-
-SMALL = [
-    "infmem.warmup.distill_samples=4",
-    "infmem.warmup.sft_steps=3",
-    "infmem.warmup.batch_size=4",
-    "infmem.warmup.heldout_samples=2",
-    "infmem.warmup.min_valid=0",
-]
-RUN_TIMEOUT_S = 1200
-
-
-def demo_config(*overrides: str):
-    with initialize_config_dir(str(conf_dir()), version_base=None):
-        return compose("infmem_trainer", overrides=["+recipe=demo", *overrides])
-
-
-@pytest.fixture(scope="module")
-def warm_model(tmp_path_factory) -> Path:
-    cache = tmp_path_factory.mktemp("cache")
-    return warm_qwen3_dir(demo_config(*SMALL), "demo", SMALL, cache_dir=cache)
 
 
 def test_the_warm_up_distils_trains_checks_and_caches_the_student(warm_model):
@@ -59,34 +26,4 @@ def test_the_warm_up_distils_trains_checks_and_caches_the_student(warm_model):
     # The oracle's records and the SFT samples built from them stay next to the model.
     work = warm_model.parent / "work"
     assert (work / "distill" / "sft_train.parquet").is_file() and (work / "sft.log").is_file()
-    assert warm_qwen3_dir(demo_config(*SMALL), "demo", SMALL, cache_dir=warm_model.parent.parent) == warm_model
-
-
-def test_grpo_starts_from_the_sft_checkpoint_with_a_readable_console(warm_model, tmp_path):
-    env = {key: value for key, value in os.environ.items() if key != "INFMEM_VERBOSE"}
-    command = [
-        sys.executable, "-m", "infmem_verl.main", "+recipe=demo", f"actor_rollout_ref.model.path={warm_model}",
-        "trainer.total_training_steps=1", "trainer.test_freq=1",
-    ]  # fmt: skip
-    run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    console = run.stdout + run.stderr
-    assert run.returncode == 0, console[-4000:]
-
-    records = tmp_path / "tensorboard_log" / "infmem_verl" / "demo"
-    steps = RunRecord(records).steps()
-    assert [s["step"] for s in steps if "infmem/reward" in s] == [1]
-    assert any("val-infmem/reward" in s for s in steps)
-
-    lines = console.splitlines()
-    assert any(line.startswith("[infmem] backend: cpu") for line in lines)
-    log = (records / "run.log").resolve()
-    assert f"[infmem] training; verl's and Ray's full output: {log} (-v or INFMEM_VERBOSE=1 shows it here)" in lines
-    assert [line.split(" |")[0] for line in lines if line.startswith("[infmem cpu] step")] == ["[infmem cpu] step 1/1"]
-    assert sum(line.startswith("[infmem cpu] validation") for line in lines) == 1
-    table = lines[lines.index("[infmem] run summary") :]
-    for label in ("reward", "accuracy", "chunks read", "stop rate", "LLM calls", "time:", "TensorBoard", "steps", "summary plot", "full log"):
-        assert any(line.strip().startswith(label) for line in table), (label, table)
-    assert len(lines) < 40, console  # what a person reads, not verl's metric dumps
-    assert not any("engine is not available" in line or "(TaskRunner" in line for line in lines)
-    assert "(TaskRunner" in log.read_text()  # Ray's forwarded worker output went to the file
-    assert (records / "run_summary.png").is_file()
+    assert warm_qwen3_dir(demo_config(*WARMUP_SMALL), "demo", WARMUP_SMALL, cache_dir=warm_model.parent.parent) == warm_model

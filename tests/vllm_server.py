@@ -1,4 +1,4 @@
-"""Start, kill and stop a real CPU vLLM server (``.venv-vllm``) on loopback for the tests.
+"""Start and stop a real CPU vLLM server (``.venv-vllm``) on loopback for the tests.
 
 The server runs in its own process group (the API server starts engine and worker processes), so
 stopping it ends all of them by the group's id. ``--enforce-eager`` skips graph compilation: the
@@ -11,16 +11,19 @@ skip, so CI can never pass without the server stage.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
+from aiohttp import ClientSession, web
 
 REPO = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = Path(os.environ.get("INFMEM_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
@@ -54,7 +57,6 @@ class VLLMServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None
-        self.starts = 0
 
     def start(self) -> VLLMServer:
         python = require_vllm()
@@ -76,7 +78,6 @@ class VLLMServer:
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         log.close()
-        self.starts += 1
         self._wait_ready()
         return self
 
@@ -94,10 +95,6 @@ class VLLMServer:
             time.sleep(1)
         self.stop()
         raise RuntimeError(f"vLLM server not ready after {READY_TIMEOUT_S} s; log tail:\n{self.log_tail()}")
-
-    def kill(self) -> None:
-        """SIGKILL the whole server (a crash, as far as clients can tell)."""
-        self._end(signal.SIGKILL, wait_s=30)
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL whatever of the group is left after 20 s."""
@@ -126,3 +123,59 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except ProcessLookupError:
         pass
+
+
+class Proxy:
+    """A loopback HTTP proxy in front of the server that can be taken down and brought back on the
+    same port: to a client, the server's endpoint refusing connections (a dead server, as far as
+    the client can tell) without paying the ~45 s of a real server restart."""
+
+    def __init__(self, target: str):
+        self.target = target
+        self.port = 0
+        self.runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._forward)
+        self.runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", self.port, reuse_address=True)
+        await site.start()
+        self.port = self.runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+    async def _forward(self, request: web.Request) -> web.Response:
+        async with ClientSession() as session:
+            async with session.request(request.method, self.target + request.path_qs, data=await request.read(),
+                                       headers={"Content-Type": "application/json"}) as response:  # fmt: skip
+                return web.Response(status=response.status, body=await response.read(), content_type="application/json")
+
+
+class ThreadedProxy:
+    """A :class:`Proxy` on its own event loop in a daemon thread, for clients in other processes."""
+
+    def __init__(self, target: str):
+        self.proxy = Proxy(target)
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return self.proxy.url
+
+    def start(self) -> ThreadedProxy:
+        asyncio.run_coroutine_threadsafe(self.proxy.start(), self.loop).result(timeout=30)
+        return self
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.proxy.stop(), self.loop).result(timeout=30)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
