@@ -181,7 +181,8 @@ def test_cpu_backend_selects_its_trainer_mode_and_ray_settings():
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("algorithm.adv_estimator=gae", r"algorithm\.adv_estimator: the CPU backend needs a critic-free estimator"),
+        ("actor_rollout_ref.model.lora.rank=8", r"actor_rollout_ref\.model\.lora\.rank: the CPU backend needs 0 \(full fine-tuning only\)"),
+        ("distillation.enabled=true", r"distillation\.enabled: the CPU backend needs false"),
         ("infmem.cpu.threads=0", r"infmem\.cpu\.threads: expected an integer >= 1 or null"),
         ("+infmem.cpu.gpu=1", r"infmem\.cpu\.gpu: unknown key"),
     ],
@@ -310,7 +311,7 @@ NOT_REACHED = {
 GPU_ONLY_READERS = {
     "llm_server_manager": {"_setup", "get_llm_client"},
     "resource_pool_manager": {"_setup", "_init_resource_pool_mgr", "_get_n_gpus_for_throughput"},
-    # Only with a critic, which check_cpu_support refuses.
+    # Only with a critic, which the pre-flight checks refuse (preflight.check_algorithm).
     "critic_wg": {
         "_setup",
         "_compute_values",

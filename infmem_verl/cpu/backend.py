@@ -162,12 +162,12 @@ def select_backend(config: DictConfig, gpus: GPUCount | None = None, dry_run: bo
 
 
 def check_cpu_support(config: DictConfig) -> None:
-    """Reject, by key, what the CPU backend does not provide (before any worker starts)."""
+    """Reject, by key, what the CPU backend does not provide (before any worker starts). A critic
+    and a reward model are refused for every backend by the pre-flight checks
+    (:func:`infmem_verl.preflight.check_algorithm`)."""
     from_model = config.actor_rollout_ref.model
     lora = OmegaConf.select(from_model, "lora.rank", default=0) or from_model.get("lora_rank", 0)
     unsupported = [
-        (config.algorithm.adv_estimator == "gae", "algorithm.adv_estimator", "a critic-free estimator such as grpo"),
-        (bool(config.reward.reward_model.enable), "reward.reward_model.enable", "false (rule-based reward only)"),
         (bool(OmegaConf.select(config, "distillation.enabled", default=False)), "distillation.enabled", "false"),
         (bool(lora), "actor_rollout_ref.model.lora.rank", "0 (full fine-tuning only)"),
     ]
