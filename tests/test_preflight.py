@@ -251,21 +251,27 @@ def test_a_file_naming_another_agent_loop_is_refused(tmp_path):
     assert prepare_config(with_data("+recipe=infmem_4b", train=infmem_file)).checked_files == [infmem_file] * 2
 
 
-def test_relative_data_paths_resolve_against_the_launch_directory(tmp_path):
-    training_file(tmp_path / "data" / "train.parquet", 16_000)
+def test_the_command_line_dry_run_resolves_relative_data_paths_against_the_launch_directory(tmp_path):
+    """The user's command, as a subprocess from another working directory: exit 0 with verl's
+    validation passed, exit 2 with every failed check."""
+    training_file(tmp_path / "data" / "train.parquet", 16_000, agent_loop="memagent_agent")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    command = [sys.executable, "-m", "infmem_verl.main", "+recipe=infmem_4b", "dry_run=true",
-               "data.train_files=data/train.parquet", "data.val_files=data/train.parquet"]  # fmt: skip
+    command = [sys.executable, "-m", "infmem_verl.main", "+recipe=memagent_4b", "dry_run=true",
+               "actor_rollout_ref.rollout.n=8", "data.train_files=data/train.parquet", "data.val_files=data/train.parquet"]  # fmt: skip
     absent_val = [*command[:-1], "data.val_files=data/absent.parquet"]
     done = subprocess.run(absent_val, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "[validate_config] All configuration checks passed successfully!" in done.stdout
+    assert "recipe=memagent_4b" in done.stdout and "agent_loop='memagent_agent'" in done.stdout
     assert f"document store readable: {tmp_path}/data/train_docs.parquet" in done.stdout
     assert f"not found (not checked): ['{tmp_path}/data/absent.parquet'" in done.stdout
     bad = subprocess.run(
         [*command, "infmem.agent.document.chunk_tokens=20000", "algorithm.adv_estimator=rloo"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    assert bad.returncode == 2 and "3 pre-flight check(s) failed" in bad.stderr
+    assert bad.returncode == 2 and "2 pre-flight check(s) failed" in bad.stderr
+    assert "FAIL token cap (actor_rollout_ref.actor.ppo_max_token_len_per_gpu): 16,384" in bad.stderr
+    assert "(algorithm.adv_estimator): 'rloo'" in bad.stderr
 
 
 def test_an_unreadable_document_store_is_named_with_the_node(tmp_path):

@@ -219,29 +219,6 @@ def test_a_real_run_refuses_missing_data_files():
         run(make_config("+recipe=infmem_4b"))
 
 
-def test_command_line_dry_run(tmp_path):
-    """The user's command, as a subprocess from another working directory."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "infmem_verl.main",
-            "+recipe=memagent_4b",
-            "dry_run=true",
-            "actor_rollout_ref.rollout.n=8",
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "[validate_config] All configuration checks passed successfully!" in done.stdout
-    assert "recipe=memagent_4b" in done.stdout and "agent_loop='memagent_agent'" in done.stdout
-
-
 def test_configs_live_in_the_top_level_conf_and_a_user_recipe_folder_joins_them(tmp_path):
     """conf/ is read from a checkout wherever the command runs; a user's own recipe folder is added
     through hydra.searchpath (verl's config package stays on it) and builds on ours."""
