@@ -1,7 +1,7 @@
 """The demo recipe's chain end to end on real components: distil -> SFT -> GRPO from the SFT checkpoint.
 
-Smaller than ``make demo`` (4 distilled trajectories, 3 SFT steps, no validity threshold), so
-it proves the chain, not the student's quality:
+Smaller than ``make demo`` (hidden size 64, 4 distilled trajectories, 3 SFT steps, the validity
+threshold at the 0% such a student reaches), so it proves the chain, not the student's quality:
 
 * the warm-up (:mod:`infmem_verl.cpu.warmup`) runs the real ``python -m infmem_verl.distill
   --teacher oracle`` and ``python -m infmem_verl.sft +recipe=sft_warmup`` commands, checks the
@@ -27,12 +27,16 @@ from infmem_verl.cpu.warmup import warm_qwen3_dir
 from infmem_verl.warmup_report import warmup_report
 from infmem_verl.run_record import RunRecord
 
+# What the small student really reaches on held-out turns (measured: 3 SFT steps leave it at 0% on
+# both rates, as a random model), so its gate is open; make demo's settings aim at 0.9.
+SMALL_MIN_VALID = 0.0
 SMALL = [
+    "infmem.warmup.hidden_size=64",
     "infmem.warmup.distill_samples=4",
     "infmem.warmup.sft_steps=3",
     "infmem.warmup.batch_size=4",
     "infmem.warmup.heldout_samples=2",
-    "infmem.warmup.min_valid=0",
+    f"infmem.warmup.min_valid={SMALL_MIN_VALID}",
 ]
 RUN_TIMEOUT_S = 1200
 
@@ -53,7 +57,8 @@ def test_the_warm_up_distils_trains_checks_and_caches_the_student(warm_model):
     report = warmup_report(warm_model)
     assert len(report.sft_losses) == 3 and report.sft_losses[-1] < report.sft_losses[0]
     heldout = report.heldout
-    assert heldout.samples == 2 and 0 <= heldout.prethink_valid <= 1 and 0 <= heldout.write_valid <= 1
+    assert heldout.samples == 2 and heldout.prethink_valid <= 1 and heldout.write_valid <= 1
+    assert min(heldout.prethink_valid, heldout.write_valid) >= SMALL_MIN_VALID
     assert 1 <= heldout.chunks_read <= 4
     assert set(report.seconds) == {"distill", "sft", "check"}
     # The oracle's records and the SFT samples built from them stay next to the model.
