@@ -36,8 +36,10 @@ def vllm_server(tiny_model_dir, tmp_path_factory):
 
 
 # The demo recipe's warm-up in miniature: it proves the chain distil -> SFT -> check, not the
-# student's quality (no validity threshold).
+# student's quality (no validity threshold: its 3-step student parses 0% of its actions).
 WARMUP_SMALL = [
+    "infmem.warmup.hidden_size=64",
+    "infmem.warmup.lr=2.0e-3",  # the learning run of test_cpu_training_runs.py is tuned from this student
     "infmem.warmup.distill_samples=4",
     "infmem.warmup.sft_steps=3",
     "infmem.warmup.batch_size=4",

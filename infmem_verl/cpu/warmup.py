@@ -61,12 +61,12 @@ class WarmupError(RuntimeError):
 class WarmupSettings:
     """``infmem.warmup``: the student, its data and its training (defaults: the demo recipe's)."""
 
-    hidden_size: int = 64  # of the tiny Qwen3 student (two layers, Qwen3's full vocabulary)
-    distill_samples: int = 64  # oracle trajectories (each gives about five SFT samples)
+    hidden_size: int = 128  # of the tiny Qwen3 student (two layers, Qwen3's full vocabulary)
+    distill_samples: int = 128  # oracle trajectories (each gives about five SFT samples)
     doc_tokens: int = 1024  # synthetic document length, distilled and held out
-    sft_steps: int = 100
+    sft_steps: int = 300
     batch_size: int = 8
-    lr: float = 2.0e-3
+    lr: float = 1.0e-2  # a random tiny model: 2e-3 left its format tokens unsure after 100 steps
     heldout_samples: int = 16
     min_valid: float = 0.9  # least share of valid PreThink actions and of valid Writes
     seed: int = 100  # of the distilled documents (held-out ones: seed + 1000)
