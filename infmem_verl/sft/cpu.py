@@ -73,8 +73,6 @@ def train_on_cpu(config: DictConfig, steps: int) -> CPUTrainResult:
     batch_size = int(config.data.train_batch_size)
     generator = torch.Generator().manual_seed(int(config.trainer.seed))
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True, collate_fn=list, generator=generator)
-    if steps and not len(loader):
-        raise ValueError(f"data.train_batch_size: {batch_size} is more than the {len(dataset)} training samples")
     optim = omega_conf_to_dataclass(config.optim)
     optim.total_training_steps = steps
     optimizer = build_optimizer(model.parameters(), optim)
