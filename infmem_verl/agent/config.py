@@ -284,30 +284,29 @@ def from_mapping(cls: type[T], data: Mapping[str, Any] | None, path: str = "") -
     """Build dataclass ``cls`` from a (possibly nested) mapping, rejecting unknown keys by name."""
     data = dict(data or {})
     hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    where = f"{path}." if path else ""
+    unknown = sorted(set(data) - set(fields))
     if unknown:
-        where = f"{path}." if path else ""
-        raise ConfigError(f"{where}{unknown[0]}: unknown key; expected one of {sorted(known)}")
+        raise ConfigError(f"{where}{unknown[0]}: unknown key; expected one of {sorted(fields)}")
     required = [
-        f.name
-        for f in dataclasses.fields(cls)
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in data
+        name
+        for name, f in fields.items()
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and name not in data
     ]
     if required:
-        where = f"{path}." if path else ""
         raise ConfigError(f"{where}{required[0]}: missing; {cls.__name__} needs {required} set")
     kwargs = {}
-    defaults = {f.name: f.default_factory for f in dataclasses.fields(cls) if f.default_factory is not dataclasses.MISSING}
     for name, value in data.items():
         hint = hints[name]
-        sub = f"{path}.{name}" if path else name
+        sub = f"{where}{name}"
         if dataclasses.is_dataclass(hint) and isinstance(hint, type):
             if not isinstance(value, Mapping):
                 raise ConfigError(f"{sub}: expected a mapping, got {value!r}")
             # A partial mapping overrides the field's default record key by key (a preset setting
             # only `write.output_tokens` keeps the default prompt and thinking budgets).
-            base = dataclasses.asdict(defaults[name]()) if name in defaults else {}
+            factory = fields[name].default_factory
+            base = dataclasses.asdict(factory()) if factory is not dataclasses.MISSING else {}
             kwargs[name] = from_mapping(hint, {**base, **value}, sub)
         else:
             kwargs[name] = _coerce(value, hint, sub)
