@@ -107,6 +107,41 @@ async def test_greedy_rows_equal_transformers_generate(policy_model, prompts) ->
         assert out.token_ids == ref[0, len(prompt) :].tolist()
 
 
+async def continue_rows(policy: TransformersPolicy, prompts, extra: list[int], between=lambda: None) -> list[Generation]:
+    """Two-stage calls as the agent makes them: a budget-capped first call, then the prompt,
+    its tokens and ``extra`` again (with one fresh prompt in the second batch)."""
+    first = await gather(policy, prompts, SamplingParams(max_tokens=6, temperature=0.0))
+    between()
+    again = [p + g.token_ids + extra for p, g in zip(prompts, first)]
+    return await gather(policy, again + [prompts[0][:5]], SamplingParams(max_tokens=8, temperature=1.0))
+
+
+async def test_a_continuation_prefills_only_its_new_tokens_and_decodes_the_same(policy_model, prompts, tokenizer) -> None:
+    close_think = tokenizer.encode("</think>\n\n")
+    async with make_policy(policy_model, seed=5) as policy:
+        reused = await continue_rows(policy, prompts, close_think)
+        # every first call ended at its budget; its prompt and 5 fed tokens are reused
+        assert policy.prefixes.hits == len(prompts)
+        assert policy.prefixes.reused_tokens == sum(len(p) + 5 for p in prompts)
+    async with make_policy(policy_model, seed=5, prefix_cache_bytes=0) as policy:
+        fresh = await continue_rows(policy, prompts, close_think)
+        assert policy.prefixes.hits == 0
+    for a, b in zip(reused, fresh):
+        assert a.token_ids == b.token_ids
+        np.testing.assert_allclose(a.log_probs, b.log_probs, atol=1e-4)
+
+
+async def test_the_prefix_store_is_bounded_and_cleared(policy_model, prompts) -> None:
+    async with make_policy(policy_model, prefix_cache_bytes=1) as policy:
+        await continue_rows(policy, prompts, [])
+        assert policy.prefixes.hits == 0  # no row's cache fits in one byte
+    async with make_policy(policy_model) as policy:
+        await continue_rows(policy, prompts, [], between=policy.clear_prefix_cache)  # what a weight update does
+        assert policy.prefixes.hits == 0
+        await continue_rows(policy, prompts, [])
+        assert policy.prefixes.hits == len(prompts)
+
+
 async def test_concurrent_calls_are_batched_and_get_their_own_budgets(policy_model, prompts) -> None:
     """Rows with different budgets leave the batch at different steps; the rows left behind must
     keep their own KV cache, which the log-probs (sensitive to every cached key) verify."""
@@ -265,7 +300,12 @@ def test_compute_log_probs_validates_and_handles_empty_responses(policy_model, p
 
 @pytest.mark.parametrize(
     ("kwargs", "field"),
-    [({"eos_token_ids": []}, "eos_token_ids"), ({"max_batch": 0}, "max_batch"), ({"batch_wait_s": -1}, "batch_wait_s")],
+    [
+        ({"eos_token_ids": []}, "eos_token_ids"),
+        ({"max_batch": 0}, "max_batch"),
+        ({"batch_wait_s": -1}, "batch_wait_s"),
+        ({"prefix_cache_bytes": -1}, "prefix_cache_bytes"),
+    ],
 )
 def test_constructor_validation(policy_model, kwargs, field) -> None:
     args = {"eos_token_ids": [IM_END], **kwargs}

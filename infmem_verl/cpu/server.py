@@ -122,6 +122,7 @@ class CPUGenerationServer:
         if self.in_flight:
             raise RuntimeError(f"update_weights: {self.in_flight} generate call(s) still in flight")
         self.policy.model.load_state_dict(state_dict, strict=True)
+        self.policy.clear_prefix_cache()  # its KV caches came from the old weights
         self.global_steps = int(global_steps)
         return weights_digest(self.policy.model)
 

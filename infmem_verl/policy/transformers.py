@@ -6,6 +6,12 @@ waste most of the model's throughput, so concurrent calls are queued and decoded
 left-padded batch by a background worker. Decoding runs in a worker thread so the event loop (and
 the agents' retrieval and parsing) keeps going meanwhile.
 
+A row that ends at its token budget leaves its KV cache in a small prefix store: the agent's
+two-stage thinking sends the same prompt and thinking again, closed by ``</think>``, to get the
+output (see ``agent/turns.py``), and a call whose prompt starts with a stored row prefills only
+the new tokens, as vLLM's prefix cache does for the GPU servers. Weight updates must call
+:meth:`TransformersPolicy.clear_prefix_cache`.
+
 The decode loop is written out rather than delegated to ``model.generate`` because every row of a
 batch carries its own budget and sampling settings, and because the sampled tokens' log-probs must
 be exactly what verl's actor recomputes: ``log_softmax(logits / temperature)`` before any top-k /
@@ -65,6 +71,56 @@ class _RowState:
             log_probs=self.log_probs if wants_log_probs else None,
             finish_reason=self.finish_reason,
         )
+
+
+@dataclass
+class _Prefix:
+    """The KV cache of a row that ended at its budget: ``ids`` are the tokens it holds."""
+
+    ids: tuple[int, ...]
+    layers: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [kv_heads, len(ids), head_dim]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in self.layers)
+
+
+class _PrefixStore:
+    """Least-recently-stored rows' KV caches, up to ``max_bytes``; a hit is taken out (a
+    continuation is sent once)."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self._entries: dict[tuple[int, ...], _Prefix] = {}  # insertion order: oldest first
+        self._bytes = 0
+        self.hits = 0
+        self.reused_tokens = 0
+
+    def put(self, prefix: _Prefix) -> None:
+        if prefix.nbytes > self.max_bytes or prefix.ids in self._entries:
+            return
+        self._entries[prefix.ids] = prefix
+        self._bytes += prefix.nbytes
+        while self._bytes > self.max_bytes:
+            self._bytes -= self._entries.pop(next(iter(self._entries))).nbytes
+
+    def take(self, prompt: Sequence[int]) -> _Prefix | None:
+        """The longest stored row that is a strict prefix of ``prompt`` (removed from the store)."""
+        best = None
+        for ids in self._entries:
+            if len(ids) < len(prompt) and (best is None or len(ids) > len(best)) and tuple(prompt[: len(ids)]) == ids:
+                best = ids
+        if best is None:
+            return None
+        prefix = self._entries.pop(best)
+        self._bytes -= prefix.nbytes
+        self.hits += 1
+        self.reused_tokens += len(best)
+        return prefix
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._bytes = 0
 
 
 def sample_next_tokens(
@@ -144,6 +200,7 @@ class TransformersPolicy:
     number n (in the order ``generate`` was called) draws from its own generator seeded by
     ``(seed, n)``, so a row's tokens do not depend on which other rows shared its batch.
     ``batch_sizes`` records the size of every batch run, for tests and benchmarks.
+    ``prefix_cache_bytes`` bounds the prefix store (0 turns it off).
     """
 
     def __init__(
@@ -153,6 +210,7 @@ class TransformersPolicy:
         max_batch: int = 8,
         batch_wait_s: float = 0.005,
         seed: int | None = None,
+        prefix_cache_bytes: int = 512 * 2**20,
     ) -> None:
         if not eos_token_ids or not all(isinstance(i, int) for i in eos_token_ids):
             raise ValueError(f"eos_token_ids must be a non-empty sequence of ints, got {eos_token_ids!r}")
@@ -160,6 +218,8 @@ class TransformersPolicy:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if batch_wait_s < 0:
             raise ValueError(f"batch_wait_s must be >= 0, got {batch_wait_s}")
+        if prefix_cache_bytes < 0:
+            raise ValueError(f"prefix_cache_bytes must be >= 0, got {prefix_cache_bytes}")
         self.model = model
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_batch = max_batch
@@ -167,6 +227,7 @@ class TransformersPolicy:
         self.seed = seed
         self.tokenizer: Any = None  # set by from_pretrained, for callers that need to encode
         self.batch_sizes: list[int] = []
+        self.prefixes = _PrefixStore(prefix_cache_bytes)  # .hits / .reused_tokens for tests and benchmarks
         config = model.config
         # Left-padding slots are masked out, so any valid id will do; prefer the model's own.
         pad = getattr(config, "pad_token_id", None)
@@ -217,6 +278,10 @@ class TransformersPolicy:
                 await worker
         while self._queue is not None and not self._queue.empty():
             _fail([self._queue.get_nowait()], RuntimeError("TransformersPolicy closed"))
+
+    def clear_prefix_cache(self) -> None:
+        """Forget every stored KV cache (they are stale once the weights change)."""
+        self.prefixes.clear()
 
     async def __aenter__(self) -> TransformersPolicy:
         return self
@@ -317,23 +382,32 @@ class TransformersPolicy:
 
     @torch.inference_mode()
     def _decode_batch(self, requests: Sequence[_Request]) -> list[Generation]:
-        """Decode all requests as one left-padded batch with a KV cache (runs in a worker thread).
+        """Decode all requests as one batch with a KV cache (runs in a worker thread).
 
-        Rows that finish are dropped from the batch (and the cache), so a short request sharing a
-        batch with a long one costs nothing after it ends.
+        Row i is laid out as ``[pad][stored prefix p_i][pad][new tokens s_i]``: the stored
+        prefixes (none: length 0) left-padded to the longest, then the rest of each prompt
+        left-padded to the longest rest, so only the new tokens are prefilled. Rows that finish
+        are dropped from the batch (and the cache), so a short request sharing a batch with a long
+        one costs nothing after it ends; a row that ends at its budget is stored first.
         """
         from transformers import DynamicCache
 
-        width = max(len(r.prompt_ids) for r in requests)
-        input_ids = torch.full((len(requests), width), self._pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(requests), width), dtype=torch.long)
-        for i, request in enumerate(requests):
-            input_ids[i, width - len(request.prompt_ids) :] = torch.tensor(request.prompt_ids)
-            attention_mask[i, width - len(request.prompt_ids) :] = 1
-        # Under left padding a row's positions count its real tokens only, so a padded row sees
-        # the same rotary positions as when it runs alone.
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
+        prefixes = [self.prefixes.take(r.prompt_ids) if self.prefixes.max_bytes else None for r in requests]
+        held = [len(p.ids) if p else 0 for p in prefixes]
+        rests = [r.prompt_ids[n:] for r, n in zip(requests, held)]
+        width_p, width_s = max(held), max(len(rest) for rest in rests)
+        rows_n = len(requests)
+        input_ids = torch.full((rows_n, width_s), self._pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((rows_n, width_p + width_s), dtype=torch.long)
+        for i, (n, rest) in enumerate(zip(held, rests)):
+            input_ids[i, width_s - len(rest) :] = torch.tensor(rest)
+            attention_mask[i, width_p - n : width_p] = 1
+            attention_mask[i, width_p + width_s - len(rest) :] = 1
+        stored = self._stored_layers(prefixes, width_p) if width_p else None
+        cache = DynamicCache(stored, config=self.model.config)
+        # A row's positions count its real tokens only, so a padded row sees the same rotary
+        # positions as when it runs alone.
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, width_p:]
         logits = self._forward_last(input_ids, attention_mask, position_ids, cache)
 
         rows = [_RowState(r) for r in requests]
@@ -344,6 +418,9 @@ class TransformersPolicy:
             )
             for i, token, log_prob in zip(active, tokens, log_probs):
                 rows[i].append(token, log_prob, self.eos_token_ids)
+            for slot, i in enumerate(active):
+                if rows[i].finish_reason == "length" and self.prefixes.max_bytes:
+                    self.prefixes.put(self._row_prefix(rows[i], cache, slot, attention_mask[slot]))
             keep = [slot for slot, i in enumerate(active) if rows[i].finish_reason is None]
             if not keep:
                 return [row.generation() for row in rows]
@@ -355,6 +432,31 @@ class TransformersPolicy:
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(active), 1))], dim=1)
             position_ids = attention_mask.sum(-1, keepdim=True) - 1
             logits = self._forward_last(torch.tensor(tokens)[:, None], attention_mask, position_ids, cache)
+
+    def _stored_layers(self, prefixes: Sequence[_Prefix | None], width: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, the batch's keys and values for the stored prefixes, left-padded to ``width``."""
+        template = next(p for p in prefixes if p is not None).layers
+        layers = []
+        for layer, (k0, v0) in enumerate(template):
+            keys = k0.new_zeros((len(prefixes), k0.shape[0], width, k0.shape[2]))
+            values = v0.new_zeros((len(prefixes), v0.shape[0], width, v0.shape[2]))
+            for i, prefix in enumerate(prefixes):
+                if prefix is not None:
+                    k, v = prefix.layers[layer]
+                    keys[i, :, width - k.shape[1] :] = k
+                    values[i, :, width - v.shape[1] :] = v
+            layers.append((keys, values))
+        return layers
+
+    @staticmethod
+    def _row_prefix(row: _RowState, cache: Any, slot: int, mask: torch.Tensor) -> _Prefix:
+        """The KV cache of batch slot ``slot``: its prompt and every sampled token but the last
+        (sampled, not fed yet), without the padding."""
+        real = mask.bool()
+        return _Prefix(
+            ids=tuple(row.request.prompt_ids) + tuple(row.token_ids[:-1]),
+            layers=[(layer.keys[slot][:, real].clone(), layer.values[slot][:, real].clone()) for layer in cache.layers],
+        )
 
     # ------------------------------------------------------------------------------- scoring
 
