@@ -13,6 +13,7 @@ import asyncio
 import inspect
 import math
 import textwrap
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -211,11 +212,11 @@ def test_launching_a_gpu_recipe_here_stops_before_any_worker(tmp_path, tiny_mode
 
 def test_bootstrap_builds_missing_data_once_and_keeps_existing_files(tmp_path, tiny_model_dir, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    config = make_config(
-        "+recipe=smoke",
-        "infmem.bootstrap={model:tiny_qwen3,train_samples:2,val_samples:1,doc_tokens:900,seed:3}",
-        f"actor_rollout_ref.model.path={tiny_model_dir}",
-    )
+
+    def config_with(bootstrap: str):
+        return make_config("+recipe=smoke", f"infmem.bootstrap={bootstrap}", f"actor_rollout_ref.model.path={tiny_model_dir}")
+
+    config = config_with("{model:tiny_qwen3,train_samples:2,val_samples:1,doc_tokens:900,seed:3}")
     built = bootstrap_inputs(config)
     train, val = config.data.train_files, config.data.val_files
     assert train == str(tmp_path / "outputs/smoke/train.parquet") and val == str(tmp_path / "outputs/smoke/val.parquet")
@@ -224,8 +225,12 @@ def test_bootstrap_builds_missing_data_once_and_keeps_existing_files(tmp_path, t
     assert prepare_config(config).checked_files == [train, val]  # the columns our loops read
     questions = {r["prompt"][0]["content"] for f in (train, val) for r in pq.read_table(f).to_pylist()}
     assert len(questions) == 3  # validation questions are not training questions
-    again = make_config("+recipe=smoke", f"actor_rollout_ref.model.path={tiny_model_dir}")
-    assert bootstrap_inputs(again) == []
+    assert bootstrap_inputs(config_with("{model:tiny_qwen3,train_samples:2,val_samples:1,doc_tokens:900,seed:3}")) == []
+    # Our files are written again when their settings change; the user's own file is kept.
+    Path(f"{val}.bootstrap.json").unlink()
+    rebuilt = bootstrap_inputs(config_with("{model:tiny_qwen3,train_samples:3,val_samples:1,doc_tokens:700,seed:3}"))
+    assert [line.split(":")[0] for line in rebuilt] == ["data.train_files"] and "700-token documents" in rebuilt[0]
+    assert pq.read_metadata(train).num_rows == 3 and pq.read_metadata(val).num_rows == 1
 
 
 @pytest.mark.parametrize(

@@ -5,15 +5,19 @@ The smoke recipe must run on a fresh machine with no model hub and no dataset: w
 (real Qwen3 tokenizer) built locally, or (``model: warm_qwen3``) that model warmed up to follow
 the protocol by distillation and SFT (:mod:`infmem_verl.cpu.warmup`), and missing train/val parquet files are written with
 synthetic two-hop questions over real Wikipedia text (documents by reference, as
-``python -m infmem_verl.verl_plugin.dataset --synthetic`` writes them). Existing files are used as
-they are. Relative data paths are made absolute, since Ray workers need not share the launcher's
+``python -m infmem_verl.verl_plugin.dataset --synthetic`` writes them). A file it wrote carries a
+``<file>.bootstrap.json`` of the settings it was written with and is written again when those
+change (``doc_tokens``, the sample count or the seed); any other existing file is used as it is.
+Relative data paths are made absolute, since Ray workers need not share the launcher's
 working directory.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -78,10 +82,16 @@ def bootstrap_inputs(config: DictConfig) -> list[str]:
         ):
             path = _single_file(config, key)
             OmegaConf.update(config, key, path)
-            if not os.path.isfile(path):
-                _write_synthetic(path, count, settings.doc_tokens, seed)
-                documents = f"{settings.doc_tokens}-token documents"
-                provided.append(f"{key}: wrote {count} synthetic two-hop questions over {documents} to {path}")
+            wanted = {"samples": count, "doc_tokens": settings.doc_tokens, "seed": seed}
+            marker = Path(f"{path}.bootstrap.json")
+            written = json.loads(marker.read_text()) if marker.is_file() else None
+            if os.path.isfile(path) and written in (None, wanted):
+                continue  # the user's own file, or ours with these settings
+            marker.unlink(missing_ok=True)  # until the new file is complete
+            _write_synthetic(path, count, settings.doc_tokens, seed)
+            marker.write_text(json.dumps(wanted) + "\n")
+            documents = f"{settings.doc_tokens}-token documents"
+            provided.append(f"{key}: wrote {count} synthetic two-hop questions over {documents} to {path}")
     return provided
 
 
