@@ -133,6 +133,7 @@ def test_grpo_from_the_sft_checkpoint_raises_a_moveable_reward_with_levers_b_c_d
         "infmem.agent.answer={prompt_tokens:1024,thinking_tokens:8,output_tokens:16}",
         "actor_rollout_ref.rollout.n=4",
         "actor_rollout_ref.rollout.temperature=0.05",
+        "actor_rollout_ref.rollout.top_p=1.0",  # the rule below was measured without the demo's nucleus
         "actor_rollout_ref.actor.optim.lr=1e-2",
         "actor_rollout_ref.actor.optim.weight_decay=0",
         "infmem.train.optimizer_steps_per_rl_step=1",
