@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import random
 
@@ -303,6 +304,9 @@ def test_paragraph_units_from_ids(tokenizer):
         [100, 130], [125, 155], [150, 180], [180, 200],
         [200, 230], [225, 250],
     ]
+    # Unmerged, the two short paragraphs of chunk 0 are units of their own; nothing else changes.
+    unmerged = Document.from_ids(np.arange(250), tokenizer, dataclasses.replace(cfg, merge_paragraphs=False), [10, 20, 90, 180])
+    assert unmerged.unit_bounds.tolist() == [[0, 10], [10, 20], *doc.unit_bounds.tolist()[1:]]
 
 
 def test_one_million_token_document(tokenizer):

@@ -38,6 +38,10 @@ class DocumentConfig:
     unit_tokens: int = 250
     unit_overlap: int = 50
     paragraph_units: bool = True
+    # With paragraph units: merge consecutive short paragraphs into one unit up to
+    # ``unit_tokens`` (true), or keep every paragraph a unit of its own (false: one article per
+    # unit, so a short article's words are not diluted by its neighbours').
+    merge_paragraphs: bool = True
 
     def validate(self, path: str = "document") -> None:
         _check(self.chunk_tokens >= 16, f"{path}.chunk_tokens", "an integer >= 16", self.chunk_tokens)
