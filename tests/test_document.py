@@ -271,7 +271,7 @@ def test_paragraph_starts_are_exact(tokenizer):
 
 
 def test_paragraph_units_respect_paragraphs(tokenizer, wiki_text):
-    cfg = DocumentConfig(chunk_tokens=1500, unit_tokens=200, unit_overlap=40, paragraph_units=True)
+    cfg = DocumentConfig(chunk_tokens=1500, unit_tokens=200, unit_overlap=40, paragraph_units=True, merge_paragraphs=True)
     doc = Document.from_text(wiki_text, tokenizer, cfg)
     _check_chunks(doc, cfg)
     _check_units(doc)
@@ -294,7 +294,7 @@ def test_paragraph_units_respect_paragraphs(tokenizer, wiki_text):
 
 
 def test_paragraph_units_from_ids(tokenizer):
-    cfg = DocumentConfig(chunk_tokens=100, unit_tokens=30, unit_overlap=5, paragraph_units=True)
+    cfg = DocumentConfig(chunk_tokens=100, unit_tokens=30, unit_overlap=5, paragraph_units=True, merge_paragraphs=True)
     doc = Document.from_ids(np.arange(250), tokenizer, cfg, paragraph_starts=[10, 20, 90, 180])
     assert doc.paragraph_starts.tolist() == [0, 10, 20, 90, 180]
     # Chunk 0: [0,10)+[10,20) merge; [20,90) is long: windows 20,45 then the 15-token tail

@@ -76,7 +76,8 @@ def load_table() -> np.ndarray:
 @functools.lru_cache(maxsize=1)
 def _piece_tokenizer():
     """MiniLM's Rust tokenizer without the padding and truncation its file sets (to 128 pieces):
-    a unit's every piece counts, and no padding does."""
+    a unit's every piece counts, and no padding does. With its vocabulary size, which the
+    tokenizer recomputes (milliseconds) on every ask."""
     from tokenizers import Tokenizer
 
     from .rerank import _load_minilm
@@ -84,18 +85,18 @@ def _piece_tokenizer():
     tokenizer = Tokenizer.from_str(_load_minilm()[0].backend_tokenizer.to_str())
     tokenizer.no_padding()
     tokenizer.no_truncation()
-    return tokenizer
+    return tokenizer, tokenizer.get_vocab_size()
 
 
 def piece_counts(texts: Sequence[str]) -> scipy.sparse.csr_matrix:
     """MiniLM word-piece counts of ``texts`` (no special tokens), float32 [len(texts), vocab]."""
-    tokenizer = _piece_tokenizer()
+    tokenizer, vocab_size = _piece_tokenizer()
     encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
     ids = [np.asarray(e.ids, dtype=np.int64) for e in encode(list(texts), add_special_tokens=False)]
     rows = np.repeat(np.arange(len(ids)), [len(x) for x in ids])
     cols = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
     counts = scipy.sparse.csr_matrix(
-        (np.ones(len(cols), dtype=np.float32), (rows, cols)), shape=(len(ids), tokenizer.get_vocab_size())
+        (np.ones(len(cols), dtype=np.float32), (rows, cols)), shape=(len(ids), vocab_size)
     )
     counts.sum_duplicates()
     return counts
