@@ -11,13 +11,15 @@ rendered as the training documents render a paragraph (``title\ntext``, blank-li
 to 32K, 128K or 1M tokens, and the description of some of them (those with two words or more and
 no other article sharing it) is asked as the query of its own article. A query is found at k when
 one of the top-k units holds at least half of its article (or, for an article longer than a
-unit, is at least half filled by it). Compared: fixed and paragraph-aligned units, BM25
-parameters and analyzers, and a MiniLM second stage over BM25's candidates with three fusions,
-each with its per-document build cost and per-query cost.
+unit, is at least half filled by it). Compared: fixed and paragraph-aligned units (short
+paragraphs merged or not), BM25 parameters and analyzers, and two dense second stages over
+BM25's candidates (static MiniLM word-piece vectors over the whole document, or MiniLM itself
+over the candidates) with several fusions, each with its per-document build cost and per-query
+cost.
 
 Templated questions (``--sets templated``). A haystack is real Wikipedia lead paragraphs (``assets.wiki_paragraphs()``) in random
-order, joined with blank lines up to 32K, 128K or 1M Qwen3 tokens, and cut into 500-token units
-with 100 overlap inside 5000-token chunks by the agent's own ``Document``. Each question asks for
+order, joined with blank lines up to 32K, 128K or 1M Qwen3 tokens, and cut into units inside
+5000-token chunks by the agent's own ``Document`` (the default ``DocumentConfig``). Each question asks for
 one fact of one paragraph of the haystack: in one of its sentences a specific span (a year, a
 number, a name) is removed and replaced by a wh-phrase, a leading pronoun is replaced by the
 paragraph's title, and the rest is perturbed (words dropped, the two halves swapped, some suffixes
@@ -325,7 +327,7 @@ def variants(rerank: bool) -> dict[str, Builder]:
         "words": ours(RetrievalConfig(stem=False, stopwords=False)),
         "words+stop": ours(RetrievalConfig(stem=False, stopwords=True)),
         "words+stem": ours(RetrievalConfig(stem=True, stopwords=False)),
-        "words+stem+stop (k1=1.2 b=0.75)": ours(RetrievalConfig(stem=True, stopwords=True)),
+        "words+stem+stop (k1=1.2 b=0.75)": ours(RetrievalConfig(stem=True, stopwords=True, k1=1.2, b=0.75)),
     }
     for k1, b in ((0.9, 0.4), (1.2, 0.3), (1.2, 0.5), (1.2, 0.9), (1.5, 0.75), (2.0, 0.75)):
         table[f"stem+stop k1={k1} b={b}"] = ours(RetrievalConfig(k1=k1, b=b))
@@ -334,7 +336,7 @@ def variants(rerank: bool) -> dict[str, Builder]:
         RetrievalConfig(backend="rank_bm25", stem=False, stopwords=False, k1=1.5)
     )
     if rerank:
-        table["stem+stop + MiniLM rerank c=32"] = ours(RetrievalConfig(rerank=True, rerank_candidates=32))
+        table["stem+stop + MiniLM rerank c=32"] = ours(RetrievalConfig(rerank=True, rerank_model="minilm", rerank_candidates=32))
     table["REF whitespace lower().split()"] = reference_whitespace
     table["REF characters (RL bug)"] = reference_characters
     return table
@@ -410,7 +412,7 @@ def speed(hay: Haystack, rollouts: int = 4) -> None:
 def rerank_speed(hay: Haystack, candidates: int = 32, n_queries: int = 5) -> None:
     """Milliseconds per reranked query with a cold and a warm unit-embedding cache."""
     queries = hay.questions[STYLES[0].name][:n_queries]
-    index = BM25Index.build(hay.units, RetrievalConfig(rerank=True, rerank_candidates=candidates))
+    index = BM25Index.build(hay.units, RetrievalConfig(rerank=True, rerank_model="minilm", rerank_candidates=candidates))
     index.search("load the model", 1)
     cold = ms_per_query(lambda q, k: index.search(q, k), queries)
     warm = ms_per_query(lambda q, k: index.search(q, k), queries)
@@ -442,14 +444,16 @@ def print_recall(style: str, results: dict[str, dict[str, np.ndarray]], counts: 
 
 REAL_PLAN = plans((4, 50), (2, 100), (1, 300))
 REAL_QUICK_PLAN = plans((2, 40), (1, 80), (1, 150))
+# Every field spelled out: the labels must not change meaning when the defaults do.
 UNIT_SCHEMES: dict[str, DocumentConfig] = {
-    "fixed 500/100": DocumentConfig(),
-    "para<=500": DocumentConfig(paragraph_units=True),
-    "para<=250": DocumentConfig(paragraph_units=True, unit_tokens=250, unit_overlap=50),
-    "para<=150": DocumentConfig(paragraph_units=True, unit_tokens=150, unit_overlap=30),
+    "fixed 500/100": DocumentConfig(unit_tokens=500, unit_overlap=100, paragraph_units=False),
+    "para<=250": DocumentConfig(unit_tokens=250, unit_overlap=50, paragraph_units=True, merge_paragraphs=True),
+    "para<=150": DocumentConfig(unit_tokens=150, unit_overlap=30, paragraph_units=True, merge_paragraphs=True),
+    "para<=250 unmerged": DocumentConfig(unit_tokens=250, unit_overlap=50, paragraph_units=True, merge_paragraphs=False),
+    "para<=500 unmerged": DocumentConfig(unit_tokens=500, unit_overlap=100, paragraph_units=True, merge_paragraphs=False),
 }
 BM25_SETTINGS: dict[str, RetrievalConfig] = {
-    "k1=1.2 b=0.75": RetrievalConfig(),
+    "k1=1.2 b=0.75": RetrievalConfig(k1=1.2, b=0.75),
     "k1=0.9 b=0.4": RetrievalConfig(k1=0.9, b=0.4),
     "k1=1.2 b=0.3": RetrievalConfig(k1=1.2, b=0.3),
     "k1=1.5 b=0.75": RetrievalConfig(k1=1.5, b=0.75),
@@ -461,8 +465,8 @@ ANALYZER_SETTINGS: dict[str, RetrievalConfig] = {
     "stem, no stop": RetrievalConfig(stopwords=False),
     "rank_bm25 words k1=1.5 (paper eval)": RetrievalConfig(backend="rank_bm25", stem=False, stopwords=False, k1=1.5),
 }
-# Candidates BM25 passes to the dense stage, and the fusions compared over them.
-DENSE_CANDIDATES = (20, 50)
+# Candidates BM25 passes to each dense stage, and the fusions compared over them.
+DENSE_CANDIDATES = {"static": (50, 200), "minilm": (20, 50)}
 DENSE_FUSIONS: dict[str, tuple[str, float]] = {
     "MiniLM only": ("dense", 1.0),
     "RRF": ("rrf", 0.0),
@@ -516,39 +520,50 @@ def measure_bm25(units: Sequence[str], cfg: RetrievalConfig, queries: Sequence[s
     tally.query_wall, tally.query_cpu = 1000 * query.wall / len(queries), 1000 * query.cpu / len(queries)
 
 
-def measure_dense(units: Sequence[str], cfg: RetrievalConfig, queries: Sequence[str], gold: Sequence[np.ndarray], tallies: dict[str, Tally]) -> None:
-    """Every (candidates, fusion) of the dense stage over one index and one embedding cache.
+def measure_dense(
+    units: Sequence[str], cfg: RetrievalConfig, queries: Sequence[str], gold: Sequence[np.ndarray], tallies: dict[str, Tally]
+) -> None:
+    """Every (candidates, fusion) of ``cfg.rerank_model``'s dense stage over one index and one
+    embedding cache.
 
-    The cost recorded is the whole reranked search at the largest pool, cold (the units are
-    embedded as queries need them, each once) and then warm (all cached).
+    The static embedder embeds the whole document once: that pass is its build cost, and its
+    query cost is a warm search. MiniLM embeds candidates as queries need them (each unit once):
+    its query cost is the cold search at the largest pool, all embedding included.
     """
     from infmem_verl.agent.rerank import fuse
 
-    index = BM25Index.build(units, cfg)
-    pools = [index.search(q, max(DENSE_CANDIDATES)) for q in queries]
-    with Clock() as cold:
-        sims = [index.embeddings.similarities(q, np.array([h.unit for h in pool], dtype=np.int64)) for q, pool in zip(queries, pools)]
+    model = cfg.rerank_model
+    index = BM25Index.build(units, cfg)  # its embeddings; the pools are BM25's own order
+    plain = BM25Index.build(units, dataclasses.replace(cfg, rerank=False))
+    pools = [plain.search(q, max(DENSE_CANDIDATES[model])) for q in queries]
+    pool_units = [np.array([h.unit for h in pool], dtype=np.int64) for pool in pools]
+    with Clock() as build:
+        if model == "static":
+            index.embeddings.similarities(queries[0], pool_units[0])
+    with Clock() as first:
+        sims = [index.embeddings.similarities(q, u) for q, u in zip(queries, pool_units)]
     with Clock() as warm:
-        for q, pool in zip(queries, pools):
-            index.embeddings.similarities(q, np.array([h.unit for h in pool], dtype=np.int64))
-    for c in DENSE_CANDIDATES:
+        for q, u in zip(queries, pool_units):
+            index.embeddings.similarities(q, u)
+    query = warm if model == "static" else first
+    for c in DENSE_CANDIDATES[model]:
         for name, (fusion, weight) in DENSE_FUSIONS.items():
             tops = []
             for pool, sim in zip(pools, sims):
                 units_c = np.array([h.unit for h in pool[:c]], dtype=np.int64)
                 fused = fuse(fusion, np.array([h.score for h in pool[:c]]), sim[:c], weight)
                 tops.append(units_c[np.lexsort((units_c, -fused))])
-            tally = tallies.setdefault(f"{name}, C={c}", Tally())
+            tally = tallies.setdefault(f"{model}: {name}, C={c}", Tally())
             tally.add(_hits(tops, gold), len(queries))
-            tally.build_wall = tally.build_cpu = 0.0  # nothing per document beyond BM25's
-            tally.query_wall, tally.query_cpu = 1000 * cold.wall / len(queries), 1000 * cold.cpu / len(queries)
-    bm25 = tallies.setdefault("BM25 alone (same queries)", Tally())
-    bm25.add(_hits([np.array([h.unit for h in pool], dtype=np.int64) for pool in pools], gold), len(queries))
+            tally.build_wall, tally.build_cpu = build.wall, build.cpu  # beyond BM25's build
+            tally.query_wall, tally.query_cpu = 1000 * query.wall / len(queries), 1000 * query.cpu / len(queries)
+    bm25 = tallies.setdefault(f"{model}: BM25 alone (same queries)", Tally())
+    bm25.add(_hits(pool_units, gold), len(queries))
     print(
-        f"  dense stage: {index.embeddings.num_embedded} of {len(units)} units embedded for {len(queries)} queries; "
-        f"{1000 * cold.wall / len(queries):.0f} ms/query cold ({1000 * cold.cpu / len(queries):.0f} ms CPU), "
-        f"{1000 * warm.wall / len(queries):.1f} ms/query warm ({1000 * warm.cpu / len(queries):.1f} ms CPU), "
-        f"at C={max(DENSE_CANDIDATES)}",
+        f"  {model} stage: {index.embeddings.num_embedded} of {len(units)} units embedded for {len(queries)} queries "
+        f"({build.cpu:.1f} s CPU before the first query); {1000 * first.wall / len(queries):.0f} ms/query cold "
+        f"({1000 * first.cpu / len(queries):.0f} ms CPU), {1000 * warm.wall / len(queries):.1f} ms/query warm "
+        f"({1000 * warm.cpu / len(queries):.1f} ms CPU), at C={max(DENSE_CANDIDATES[model])}",
         flush=True,
     )
 
@@ -581,7 +596,9 @@ def real(args: argparse.Namespace, tokenizer, paragraphs: Sequence[dict]) -> Non
     askable = described(paragraphs)
     rng = random.Random(SEED)
     print(f"\nReal-use queries: {len(askable)} articles with a description of their own; seed {SEED}")
-    dense_cfg = RetrievalConfig(**{**dataclasses.asdict(BM25_SETTINGS[args.dense_bm25]), "rerank": True})
+    models = [m for m in args.dense_models.split(",") if m]
+    base = dataclasses.asdict(BM25_SETTINGS[args.dense_bm25])
+    dense_cfgs = {m: RetrievalConfig(**{**base, "rerank": True, "rerank_model": m}) for m in models}
     bm25: dict[str, dict[str, Tally]] = {}
     dense: dict[str, dict[str, Tally]] = {}
     for length in plan:
@@ -593,9 +610,11 @@ def real(args: argparse.Namespace, tokenizer, paragraphs: Sequence[dict]) -> Non
                 settings = {**BM25_SETTINGS, **(ANALYZER_SETTINGS if scheme == args.dense_units else {})}
                 for setting, cfg in settings.items():
                     measure_bm25(units, cfg, rq.queries, gold, bm25.setdefault(length.label, {}).setdefault(f"{scheme} | {setting}", Tally()))
-                if scheme == args.dense_units and args.dense_queries > 0:
-                    n = min(args.dense_queries, len(rq.queries))
-                    measure_dense(units, dense_cfg, rq.queries[:n], gold[:n], dense.setdefault(length.label, {}))
+                for model, dense_cfg in dense_cfgs.items() if scheme == args.dense_units else ():
+                    # The static stage is cheap enough for every query; MiniLM gets a subset.
+                    n = len(rq.queries) if model == "static" else min(args.dense_queries, len(rq.queries))
+                    if n:
+                        measure_dense(units, dense_cfg, rq.queries[:n], gold[:n], dense.setdefault(length.label, {}))
             print(f"{length.label}: haystack of {doc.num_tokens:,} tokens, {len(rq.articles)} articles, {len(rq.queries)} queries", flush=True)
     print_real("Recall of the queried article, human-written descriptions as queries: BM25", bm25)
     if dense:
@@ -659,9 +678,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="templated set: measure rerank recall only on haystacks up to this size",
     )
     parser.add_argument(
-        "--dense-queries", type=int, default=40, help="real set: queries per haystack run through the dense stage (0: none)"
+        "--dense-queries", type=int, default=40, help="real set: queries per haystack run through MiniLM (0: none)"
     )
-    parser.add_argument("--dense-units", default="para<=250", choices=list(UNIT_SCHEMES), help="real set: units of the dense stage")
+    parser.add_argument(
+        "--dense-models", default="static,minilm", help="real set: comma-separated dense stages compared (static, minilm)"
+    )
+    parser.add_argument("--dense-units", default="para<=250 unmerged", choices=list(UNIT_SCHEMES), help="real set: units of the dense stage")
     parser.add_argument("--dense-bm25", default="k1=0.9 b=0.4", choices=list(BM25_SETTINGS), help="real set: BM25 of the dense stage")
     args = parser.parse_args(argv)
     sets = set(args.sets.split(","))

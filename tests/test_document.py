@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import random
 
@@ -270,7 +271,7 @@ def test_paragraph_starts_are_exact(tokenizer):
 
 
 def test_paragraph_units_respect_paragraphs(tokenizer, wiki_text):
-    cfg = DocumentConfig(chunk_tokens=1500, unit_tokens=200, unit_overlap=40, paragraph_units=True)
+    cfg = DocumentConfig(chunk_tokens=1500, unit_tokens=200, unit_overlap=40, paragraph_units=True, merge_paragraphs=True)
     doc = Document.from_text(wiki_text, tokenizer, cfg)
     _check_chunks(doc, cfg)
     _check_units(doc)
@@ -293,7 +294,7 @@ def test_paragraph_units_respect_paragraphs(tokenizer, wiki_text):
 
 
 def test_paragraph_units_from_ids(tokenizer):
-    cfg = DocumentConfig(chunk_tokens=100, unit_tokens=30, unit_overlap=5, paragraph_units=True)
+    cfg = DocumentConfig(chunk_tokens=100, unit_tokens=30, unit_overlap=5, paragraph_units=True, merge_paragraphs=True)
     doc = Document.from_ids(np.arange(250), tokenizer, cfg, paragraph_starts=[10, 20, 90, 180])
     assert doc.paragraph_starts.tolist() == [0, 10, 20, 90, 180]
     # Chunk 0: [0,10)+[10,20) merge; [20,90) is long: windows 20,45 then the 15-token tail
@@ -303,6 +304,9 @@ def test_paragraph_units_from_ids(tokenizer):
         [100, 130], [125, 155], [150, 180], [180, 200],
         [200, 230], [225, 250],
     ]
+    # Unmerged, the two short paragraphs of chunk 0 are units of their own; nothing else changes.
+    unmerged = Document.from_ids(np.arange(250), tokenizer, dataclasses.replace(cfg, merge_paragraphs=False), [10, 20, 90, 180])
+    assert unmerged.unit_bounds.tolist() == [[0, 10], [10, 20], *doc.unit_bounds.tolist()[1:]]
 
 
 def test_one_million_token_document(tokenizer):

@@ -308,10 +308,13 @@ def test_end_to_end_with_tiny_model(tokenizer, tiny_model_dir, document):
     assert infmem.summary().llm_calls >= len(infmem.turns)
 
 
-def test_rollouts_of_a_document_share_one_embedding_pass(tokenizer, document):
-    """n concurrent rollouts of one document: one preparation, and the dense stage embeds the
-    candidates of their (identical) query once, in one batch, for all of them."""
-    agent = build_agent("infmem", small_cfg(retrieval={"rerank": True, "rerank_candidates": 4}), tokenizer)
+@pytest.mark.parametrize("model", ["minilm", "static"])
+def test_rollouts_of_a_document_share_one_embedding_pass(tokenizer, document, model):
+    """n concurrent rollouts of one document: one preparation, and the dense stage embeds once
+    for all of them: MiniLM the candidates of their (identical) query, in one batch; the static
+    embedder every unit of the document."""
+    retrieval = {"rerank": True, "rerank_model": model, "rerank_candidates": 4}
+    agent = build_agent("infmem", small_cfg(retrieval=retrieval), tokenizer)
     query = tool_call("retrieve", query="classical music of the twentieth century", top_k=2)
 
     async def rollouts():
@@ -323,7 +326,8 @@ def test_rollouts_of_a_document_share_one_embedding_pass(tokenizer, document):
     embeddings = prepared.index.embeddings
     pool = prepared.index.search("classical music of the twentieth century", top_k=4)
     assert agent.cache.builds == 1
-    assert embeddings.passes == 1 and embeddings.num_embedded == len(pool) == 4
+    embedded = len(pool) if model == "minilm" else prepared.index.num_units
+    assert embeddings.passes == 1 and embeddings.num_embedded == embedded and len(pool) == 4
     retrieved = [t.turns[0].retrieved_units for t in trajectories]
     assert len(retrieved[0]) == 2 and all(r == retrieved[0] for r in retrieved)
     assert set(retrieved[0]) <= {h.unit for h in pool}

@@ -31,13 +31,18 @@ class DocumentConfig:
 
     chunk_tokens: int = 5000
     # Units of at most 250 tokens aligned to the document's paragraphs (blank-line separated:
-    # the "Document i" blocks of the training data), short neighbours merged up to that size and
-    # long paragraphs split into overlapping windows. On real, human-written queries at 1M tokens
-    # this found the asked article at top 4 for 0.78 of them, fixed 500/100 windows for 0.73
-    # (``python -m bench.retrieval --sets real``). The reference used fixed 500-token windows.
+    # the "Document i" blocks of the training data), long paragraphs split into overlapping
+    # windows. On real, human-written queries at 1M tokens (``python -m bench.retrieval --sets
+    # real``, recall@4): fixed 500/100 windows 0.69-0.73, paragraphs with short neighbours merged
+    # up to 250 tokens 0.76-0.81, every paragraph a unit of its own 0.81-0.85. The reference used
+    # fixed 500-token windows.
     unit_tokens: int = 250
     unit_overlap: int = 50
     paragraph_units: bool = True
+    # With paragraph units: merge consecutive short paragraphs into one unit up to
+    # ``unit_tokens`` (true), or keep every paragraph a unit of its own (false, the default: one
+    # article per unit, so a short article's words are not diluted by its neighbours').
+    merge_paragraphs: bool = False
 
     def validate(self, path: str = "document") -> None:
         _check(self.chunk_tokens >= 16, f"{path}.chunk_tokens", "an integer >= 16", self.chunk_tokens)
@@ -73,8 +78,11 @@ class RetrievalConfig:
     top_k_min: int = 1
     top_k_max: int = 8
     top_k_default: int = 4
-    # Chosen on the real-query benchmark (k1 1.2 / b 0.75 found 0.78 at top 4 at 1M, these 0.81):
-    # a short unit matching a short query should not be discounted much for its length.
+    # Chosen on the real-query benchmark (recall@4 at 1M, one paragraph per unit: k1 1.2 / b 0.75
+    # 0.807, these 0.813; with merged units 0.753 / 0.760): a short unit matching a short query
+    # should not be discounted much for its length. Stemming and stopwords kept: without both,
+    # recall@4 rose at 1M (+0.02 and +0.013 on two draws) but fell at 128K (0.00 and -0.03) and
+    # on the templated "hard" questions at 1M (0.983 against 1.000).
     k1: float = 0.9
     b: float = 0.4
     stem: bool = True
@@ -83,9 +91,16 @@ class RetrievalConfig:
     # (embedded at query time, once per unit and document). ``fusion``: "rrf" (reciprocal rank
     # fusion of the BM25 and MiniLM rankings), "score" (``(1 - fusion_weight) * BM25 +
     # fusion_weight * cosine``, each min-max scaled over the candidates) or "dense" (cosine alone).
-    # Off: at 1M tokens the best fusion gained 0.025 recall@4 over BM25 alone (within the noise
-    # of 40 queries) for ~5 s of CPU per query while its candidates are not yet embedded.
+    # Off: on real-use queries at 1M tokens neither embedder gained reliably over BM25 alone
+    # (static, score fusion w 0.3 over the top 50: +0.03 recall@4 on one draw of 150 queries,
+    # -0.003 on another of 300; MiniLM: +0.00 on 40 queries at ~0.4-5 s of CPU per query while
+    # its candidates are not yet embedded).
     rerank: bool = False
+    # The embedder of the second stage: "static" (MiniLM's word-piece vectors distilled once and
+    # cached, agent/static_embed.py: the whole document embedded in one pass, ~4 s of CPU per 1M
+    # tokens, then under 1 ms per query) or "minilm" (the full model over the candidates, at
+    # query time).
+    rerank_model: Literal["static", "minilm"] = "static"
     rerank_candidates: int = 32
     fusion: Literal["rrf", "score", "dense"] = "score"
     fusion_weight: float = 0.3
@@ -109,6 +124,7 @@ class RetrievalConfig:
         )
         _check(self.k1 >= 0, f"{path}.k1", "a number >= 0", self.k1)
         _check(0 <= self.b <= 1, f"{path}.b", "a number in [0, 1]", self.b)
+        _check(self.rerank_model in ("static", "minilm"), f"{path}.rerank_model", "'static' or 'minilm'", self.rerank_model)
         _check(self.rerank_candidates >= 1, f"{path}.rerank_candidates", "an integer >= 1", self.rerank_candidates)
         _check(self.fusion in ("rrf", "score", "dense"), f"{path}.fusion", "'rrf', 'score' or 'dense'", self.fusion)
         _check(0 <= self.fusion_weight <= 1, f"{path}.fusion_weight", "a number in [0, 1]", self.fusion_weight)

@@ -220,14 +220,19 @@ def _windows(start: int, end: int, size: int, overlap: int) -> np.ndarray:
     return np.stack([starts, ends], axis=1)
 
 
-def _paragraph_windows(start: int, end: int, para_starts: np.ndarray, size: int, overlap: int) -> np.ndarray:
+def _paragraph_windows(
+    start: int, end: int, para_starts: np.ndarray, size: int, overlap: int, merge: bool = True
+) -> np.ndarray:
     """Units over ``[start, end)`` aligned to paragraphs.
 
-    Consecutive paragraphs are merged while the group stays within ``size`` tokens; a paragraph
-    longer than ``size`` becomes windows of its own (:func:`_windows`).
+    With ``merge``, consecutive paragraphs are merged while the group stays within ``size``
+    tokens; without, every paragraph is a unit of its own. A paragraph longer than ``size``
+    becomes windows of its own (:func:`_windows`).
     """
     inner = para_starts[(para_starts > start) & (para_starts < end)]
     edges = [start, *inner.tolist(), end]
+    if not merge:
+        return np.concatenate([_windows(a, b, size, overlap) for a, b in zip(edges[:-1], edges[1:])])
     units: list[np.ndarray] = []
     group_start = group_end = None
     for p_start, p_end in zip(edges[:-1], edges[1:]):
@@ -312,7 +317,9 @@ class Document:
         chunk_edges = np.append(np.arange(0, n, cfg.chunk_tokens, dtype=np.int64), n)
         use_paragraphs = cfg.paragraph_units and paragraph_starts is not None
         units = _paragraph_units if use_paragraphs else _fixed_units
-        unit_bounds, unit_chunk = units(chunk_edges, cfg.unit_tokens, cfg.unit_overlap, paragraph_starts)
+        unit_bounds, unit_chunk = units(
+            chunk_edges, cfg.unit_tokens, cfg.unit_overlap, paragraph_starts, merge=cfg.merge_paragraphs
+        )
         return cls(
             ids=_readonly(ids),
             chunk_edges=_readonly(chunk_edges),
@@ -409,12 +416,17 @@ class UnitTexts(Sequence[str]):
 
 
 def _fixed_units(
-    chunk_edges: np.ndarray, size: int, overlap: int, paragraph_starts: np.ndarray | None = None
+    chunk_edges: np.ndarray,
+    size: int,
+    overlap: int,
+    paragraph_starts: np.ndarray | None = None,
+    merge: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Fixed windows in every chunk: ``(unit_bounds [n, 2], unit_chunk [n])``.
 
     Every full chunk has the same window pattern, so it is computed once and shifted; a
-    1M-token document cut into tiny chunks costs no Python loop. ``paragraph_starts`` is ignored.
+    1M-token document cut into tiny chunks costs no Python loop. ``paragraph_starts`` and
+    ``merge`` are ignored.
     """
     starts, ends = chunk_edges[:-1], chunk_edges[1:]
     full_len = int(ends[0] - starts[0])
@@ -428,11 +440,11 @@ def _fixed_units(
 
 
 def _paragraph_units(
-    chunk_edges: np.ndarray, size: int, overlap: int, paragraph_starts: np.ndarray
+    chunk_edges: np.ndarray, size: int, overlap: int, paragraph_starts: np.ndarray, merge: bool = True
 ) -> tuple[np.ndarray, np.ndarray]:
     """Paragraph-aligned units in every chunk: ``(unit_bounds [n, 2], unit_chunk [n])``."""
     per_chunk = [
-        _paragraph_windows(int(a), int(b), paragraph_starts, size, overlap)
+        _paragraph_windows(int(a), int(b), paragraph_starts, size, overlap, merge)
         for a, b in zip(chunk_edges[:-1], chunk_edges[1:])
     ]
     counts = [len(u) for u in per_chunk]

@@ -13,7 +13,9 @@ take minutes: units are embedded only when they first enter a candidate pool, in
 query, and cached with the document's index, so the n rollouts of a document share them and a
 1M-token document never pays for units no query reaches. On real-use queries at 1M
 (``bench/retrieval.py --sets real``) the best fusion gained little over BM25 alone and MiniLM
-alone ranked worse, so the stage is off by default.
+alone ranked worse, so the stage is off by default. :mod:`.static_embed` is the cheap embedder
+(``retrieval.rerank_model="static"``, the default when the stage is on): the same fusions, the
+whole document embedded in seconds.
 """
 
 from __future__ import annotations

@@ -278,7 +278,7 @@ class BM25Index:
 
     @property
     def num_embedded(self) -> int:
-        """Units embedded so far by the reranker (0 until a reranked search needs them)."""
+        """Units embedded so far by the second stage (0 until a reranked search needs them)."""
         return 0 if self._embeddings is None else self._embeddings.num_embedded
 
     def scores(self, query: str) -> np.ndarray:
@@ -289,7 +289,8 @@ class BM25Index:
         """At most ``top_k`` allowed units with a positive BM25 score, best first.
 
         With ``cfg.rerank`` the best ``max(rerank_candidates, top_k)`` of them are reordered by
-        fusing their BM25 scores with their MiniLM similarities as ``cfg.fusion`` says
+        fusing their BM25 scores with their embedding similarities (``cfg.rerank_model``) as
+        ``cfg.fusion`` says
         (:func:`infmem_verl.agent.rerank.fuse`), and ``Hit.score`` is the fused score.
         """
         if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1:
@@ -313,17 +314,20 @@ class BM25Index:
 
     @property
     def embeddings(self):
-        """The document's MiniLM unit embeddings (:class:`~.rerank.UnitEmbeddings`), created on
-        first use and shared by every search of this index."""
+        """The document's unit embeddings, created on first use and shared by every search of
+        this index: :class:`~.static_embed.StaticEmbeddings` (``rerank_model="static"``: every
+        unit, one pass) or :class:`~.rerank.UnitEmbeddings` (``"minilm"``: candidates only)."""
         with self._embeddings_lock:
             if self._embeddings is None:
-                from infmem_verl.agent.rerank import UnitEmbeddings
-
-                self._embeddings = UnitEmbeddings(self.unit_texts)
+                if self.cfg.rerank_model == "static":
+                    from infmem_verl.agent.static_embed import StaticEmbeddings as embeddings
+                else:
+                    from infmem_verl.agent.rerank import UnitEmbeddings as embeddings
+                self._embeddings = embeddings(self.unit_texts)
             return self._embeddings
 
     def _rerank(self, query: str, pool: list[Hit]) -> list[Hit]:
-        """Reorder BM25's pool (best first) by fusing BM25 scores with MiniLM similarities."""
+        """Reorder BM25's pool (best first) by fusing BM25 scores with embedding similarities."""
         if not pool:
             return pool
         from infmem_verl.agent.rerank import fuse
