@@ -126,6 +126,9 @@ class _Follower:
     def __init__(self, record: RunRecord, out: TextIO, total: int, components: Sequence[str]):
         self.record, self.out, self.total, self.components = record, out, total, components
         self.seen: dict[int, set[str]] = {}
+        # The records as they stood before this run: a resumed run's earlier steps are not shown
+        # again, but a step this run logs (redone, or the trainer's fresh start) differs and is.
+        self.before = {int(r["step"]): r for r in record.steps()}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._follow, daemon=True)
 
@@ -141,15 +144,17 @@ class _Follower:
         while not self._stop.wait(1.0):
             self.poll()
 
-    def poll(self, show: bool = True) -> None:
+    def poll(self) -> None:
         for record in self.record.steps():
-            shown = self.seen.setdefault(int(record["step"]), set())
+            step = int(record["step"])
+            if record == self.before.get(step):
+                continue
+            shown = self.seen.setdefault(step, set())
             for line in step_lines(record, self.total, self.components):
                 kind = line.split("|")[0]  # a step's training line and its validation line
                 if kind not in shown:
                     shown.add(kind)
-                    if show:
-                        print(line, file=self.out, flush=True)
+                    print(line, file=self.out, flush=True)
 
 
 @contextlib.contextmanager
@@ -169,7 +174,6 @@ def console_mode(config: DictConfig) -> Iterator[None]:
     components = list(config.infmem.reward.components)
     print(f"[infmem] training; verl's and Ray's full output: {log} (-v or {VERBOSE_ENV}=1 shows it here)", file=console, flush=True)
     follower = _Follower(record, console, int(config.trainer.total_training_steps or 0), components)
-    follower.poll(show=False)  # an earlier run's steps (a resumed run) are not shown again
     with log.open("a", buffering=1) as file, _redirected(file):
         follower.start()
         try:

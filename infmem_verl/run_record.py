@@ -5,7 +5,8 @@ holds everything a person opens after a run):
 
 * ``steps.jsonl`` - one line per training step with every numeric metric logged at that step
   (training ``infmem/...``, validation ``val-infmem/...``, verl's own). Appended and flushed per
-  step, so a killed run keeps what it logged; a resumed run appends. Read back, the lines of one
+  step, so a killed run keeps what it logged; a resumed run appends, and a run from step 0 first
+  moves an earlier run's file and trajectories into ``previous/<UTC time>/``. Read back, the lines of one
   step merge, later values winning: a redone step replaces what the killed run logged of it, and
   the validation before training (``trainer.val_before_train``) joins its step.
 * ``trajectories/step_<N>.jsonl`` (optional) - one line per trajectory of step N: its ``key``, its
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,6 +116,18 @@ class RunRecord:
             file.write(line.encode())
             file.flush()
             os.fsync(file.fileno())
+
+    def start_fresh(self) -> Path | None:
+        """For a run from step 0: move an earlier run's ``steps.jsonl`` and trajectories into
+        ``previous/<UTC time>/``, kept rather than merged into this run's records; returns that folder."""
+        old = [p for p in (self.steps_file, self.directory / TRAJECTORIES_DIR) if p.exists()]
+        if not old:
+            return None
+        moved = self.directory / "previous" / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        moved.mkdir(parents=True, exist_ok=True)
+        for path in old:
+            os.replace(path, moved / path.name)
+        return moved
 
     def log_trajectories(self, step: int, trajectories: Sequence[Mapping[str, Any]]) -> None:
         """Write step ``step``'s trajectory records (one JSON object each), replacing an earlier file."""

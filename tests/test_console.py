@@ -8,6 +8,7 @@ checkpoint) is the learning run of tests/test_cpu_training_runs.py.
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import subprocess
@@ -17,7 +18,7 @@ import warnings
 from hydra import compose, initialize_config_dir
 from infmem_verl import conf_dir
 
-from infmem_verl.console import LOG_FILE, console_mode, silence_known_warnings, take_verbose_flag
+from infmem_verl.console import LOG_FILE, _Follower, console_mode, silence_known_warnings, take_verbose_flag
 from infmem_verl.run_record import RunRecord
 
 
@@ -64,6 +65,25 @@ def test_console_mode_shows_compact_lines_and_sends_everything_else_to_the_log(t
     assert "RL steps 20s (generation 12s, update 6s, validation 4s)" in table[-4]
     assert table[-3].split() == ["TensorBoard", str(tmp_path)]
     assert table[-1].split() == ["full", "log", str(tmp_path / LOG_FILE)]
+
+
+def test_the_console_shows_this_runs_steps_only(tmp_path):
+    """A resumed run does not repeat the steps it kept; a run from the start (the trainer moves the
+    earlier records aside) shows its own steps although their numbers were seen before."""
+    record = RunRecord(tmp_path)
+    record.log_step(1, step_metrics(0.5, val=False))
+    resumed = _Follower(record, io.StringIO(), 2, ["outcome"])
+    record.log_step(2, step_metrics(0.7, val=True))
+    resumed.poll()
+    assert [line.split(" |")[0] for line in resumed.out.getvalue().splitlines()] == ["[infmem cpu] step 2/2", "[infmem cpu] validation"]
+
+    fresh = _Follower(record, io.StringIO(), 2, ["outcome"])
+    moved = record.start_fresh()
+    assert record.steps() == [] and len((moved / "steps.jsonl").read_text().splitlines()) == 2
+    record.log_step(1, step_metrics(0.25, val=False))
+    fresh.poll()
+    assert fresh.out.getvalue().startswith("[infmem cpu] step 1/2 | reward 0.250")
+    assert record.start_fresh() is not None and record.start_fresh() is None  # nothing left to move
 
 
 def test_verbose_flag_is_taken_off_the_command_line(monkeypatch):

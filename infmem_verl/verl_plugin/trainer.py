@@ -423,6 +423,11 @@ class InfMemSyncTrainer(PPOTrainerSync):
         if tensorboard is not None:
             tensorboard.writer.flush()
 
+    def _load_checkpoint(self):
+        super()._load_checkpoint()
+        if self.global_steps == 0:  # from the start: an earlier run's records must not merge into this one's
+            self.run_record.start_fresh()
+
     def fit(self, agent_loop_manager) -> None:
         """verl's training loop; then (also when it fails) the loggers are finished with the run's
         real outcome (W&B records a crashed run as failed: exit code 1) and the run summary is drawn
