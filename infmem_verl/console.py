@@ -126,9 +126,10 @@ class _Follower:
     def __init__(self, record: RunRecord, out: TextIO, total: int, components: Sequence[str]):
         self.record, self.out, self.total, self.components = record, out, total, components
         self.seen: dict[int, set[str]] = {}
-        # The records as they stood before this run: a resumed run's earlier steps are not shown
-        # again, but a step this run logs (redone, or the trainer's fresh start) differs and is.
-        self.before = {int(r["step"]): r for r in record.steps()}
+        # The lines the records gave before this run: a resumed run does not show its kept steps
+        # again, but a line this run's metrics change (a redone step, the resumed run's validation
+        # joining its step, a fresh start over an old folder) differs and is shown.
+        self.before = {line for r in record.steps() for line in step_lines(r, total, components)}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._follow, daemon=True)
 
@@ -146,13 +147,10 @@ class _Follower:
 
     def poll(self) -> None:
         for record in self.record.steps():
-            step = int(record["step"])
-            if record == self.before.get(step):
-                continue
-            shown = self.seen.setdefault(step, set())
+            shown = self.seen.setdefault(int(record["step"]), set())
             for line in step_lines(record, self.total, self.components):
                 kind = line.split("|")[0]  # a step's training line and its validation line
-                if kind not in shown:
+                if kind not in shown and line not in self.before:
                     shown.add(kind)
                     print(line, file=self.out, flush=True)
 

@@ -325,14 +325,15 @@ def tensorboard_scalars(path: Path) -> dict[str, dict[int, float]]:
 
 
 def _step_one_is_saved_and_logged(root: Path) -> bool:
-    """Checkpoint 1 complete, step 1 on the console (Ray relays it with a delay) and in TensorBoard."""
+    """Checkpoint 1 complete and step 1 in the run's records: the earliest moment step 2 has begun.
+
+    Step 2 of this shape lasts seconds, so the wait reads nothing that arrives late (Ray's
+    console relay, TensorBoard's flush at the next step); both are checked after the run ends.
+    """
     tracker = root / "checkpoints" / "latest_checkpointed_iteration.txt"
     if not tracker.is_file() or tracker.read_text().strip() != "1":
         return False
-    if "step:1 - " not in (root / "first.log").read_text(errors="replace"):
-        return False
-    events = sorted((root / "tensorboard").glob("events.out.tfevents.*"))
-    return bool(events) and 1 in tensorboard_scalars(events[0]).get("infmem/reward", {})
+    return any(r["step"] == 1 and "infmem/reward" in r for r in RunRecord(root / "tensorboard").steps())
 
 
 def _alive(pid: int) -> bool:
