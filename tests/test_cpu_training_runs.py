@@ -5,7 +5,8 @@ One subprocess run (a Ray cluster start costs a CPU run most of its time, so it 
 at once). It is the last link of the demo chain (distil -> SFT -> GRPO): ``+recipe=demo`` with
 ``actor_rollout_ref.model.path`` = the small warm-up's SFT output (``warm_model``, conftest.py),
 as MemAgent on short documents with a pluggable reward component the model can move on one of the
-two questions (at a low sampling temperature, weight decay 0), five steps with three cost levers on: rollout log-probs as
+two questions (at a low sampling temperature, weight decay 0, advantages normalised by their
+group's spread), eight steps with three cost levers on: rollout log-probs as
 old log-probs (b), rows of zero advantage dropped (c), no reference pass at KL 0 (d).
 
 * the reward rises, every update changes the weights, and the generation actor serves exactly
@@ -34,6 +35,7 @@ import pytest
 
 TESTS_DIR = Path(__file__).parent
 RUN_TIMEOUT_S = 900
+STEPS = 8  # how fast the reward rises varies from run to run (see the rise below)
 
 
 def ascii_letters(record) -> float:
@@ -88,12 +90,12 @@ def _check_console(console: str, record_dir: Path) -> None:
     log = (record_dir / "run.log").resolve()
     assert f"[infmem] training; verl's and Ray's full output: {log} (-v or INFMEM_VERBOSE=1 shows it here)" in lines
     steps = [line.split(" |")[0] for line in lines if line.startswith("[infmem cpu] step")]
-    assert steps == [f"[infmem cpu] step {n}/5" for n in range(1, 6)]
+    assert steps == [f"[infmem cpu] step {n}/{STEPS}" for n in range(1, STEPS + 1)]
     assert sum(line.startswith("[infmem cpu] validation") for line in lines) == 1
     table = lines[lines.index("[infmem] run summary") :]
     for label in ("reward", "accuracy", "chunks read", "stop rate", "LLM calls", "time:", "TensorBoard", "steps", "summary plot", "full log"):
         assert any(line.strip().startswith(label) for line in table), (label, table)
-    assert len(lines) < 45, console  # not verl's metric dumps
+    assert len(lines) < 40 + STEPS, console  # not verl's metric dumps
     assert not any("engine is not available" in line or "(TaskRunner" in line for line in lines)
     assert "(TaskRunner" in log.read_text()  # Ray's forwarded worker output went to the file
     assert (record_dir / "run_summary.png").is_file()
@@ -136,12 +138,13 @@ def test_grpo_from_the_sft_checkpoint_raises_a_moveable_reward_with_levers_b_c_d
         "actor_rollout_ref.rollout.top_p=1.0",  # the rule below was measured without the demo's nucleus
         "actor_rollout_ref.actor.optim.lr=1e-2",
         "actor_rollout_ref.actor.optim.weight_decay=0",
+        "algorithm.norm_adv_by_std_in_grpo=true",  # advantages keep their scale as a group agrees
         "infmem.train.optimizer_steps_per_rl_step=1",
         "algorithm.rollout_correction.bypass_mode=true",  # b
         "infmem.cost.drop_zero_advantage=true",  # c
         "actor_rollout_ref.actor.kl_loss_coef=0",  # d
-        "trainer.total_training_steps=5",
-        "trainer.test_freq=5",  # one validation, after the last step
+        f"trainer.total_training_steps={STEPS}",
+        f"trainer.test_freq={STEPS}",  # one validation, after the last step
     ]
     metrics = workdir / "learn_metrics.jsonl"
     run = subprocess.run(
@@ -151,19 +154,20 @@ def test_grpo_from_the_sft_checkpoint_raises_a_moveable_reward_with_levers_b_c_d
     console = run.stdout + run.stderr
     assert run.returncode == 0, console[-4000:]
     records = _metrics(metrics)
-    assert len(records) == 5
+    assert len(records) == STEPS
     record_dir = workdir / "tensorboard_log" / "infmem_verl" / "demo"
     _check_console(console, record_dir)
 
     rewards = [r["infmem/ascii"] for r in records]  # half the odd question's mean (the even one's is 0)
     assert all(r["infmem/reward"] == pytest.approx(a) for r, a in zip(records, rewards, strict=True))
-    # At this learning rate the policy may collapse for a step and recover (runs read 0.39, 0.75,
-    # 0.88, 0.17, 0.97 and 0.32, 0.16, 0.48, 0.49, 0.49), so the rise is read off the median of the
-    # four updated steps and the better of the last two, against the first step, which sampled the
-    # SFT checkpoint (the odd question's ~0.63 -> ~0.95 is ~0.32 -> ~0.47 here; runs read 0.32,
-    # 0.40, 0.42, 0.46, 0.46).
-    assert statistics.median(rewards[1:]) > rewards[0] + 0.05, f"reward did not rise: {rewards}"
-    assert max(rewards[-2:]) > rewards[0] + 0.08, f"reward did not rise: {rewards}"
+    # The first step sampled the SFT checkpoint; the ceiling is 0.5 (every odd answer all letters).
+    # The last four steps' median must close half the gap. Measured, three 8-step runs: first
+    # 0.26-0.27, last four's median 0.47-0.49 (one fell to 0.09 at step 3 and was back at 0.46 at
+    # step 4); in four 5-step runs the slowest read 0.27, 0.35, 0.33, 0.36, 0.40. Without the std
+    # normalisation a group's advantages shrink with its spread, Adam's steps fade after the first
+    # (grad norm 0.34 -> 0.003) and a run can stall: a CI run read 0.37 -> 0.40 in 5 steps.
+    gap = 0.5 - rewards[0]
+    assert statistics.median(rewards[-4:]) > rewards[0] + gap / 2, f"reward did not rise: {rewards}"
 
     served = weights_digest(load_model(str(warm_model)))  # the SFT checkpoint the run starts from
     run_records = RunRecord(record_dir)
