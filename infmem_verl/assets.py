@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-DEFAULT_CACHE = Path(os.environ.get("INFMEM_CACHE", Path.home() / ".cache" / "infmem_verl"))
+from infmem_verl.agent.offline_cache import cache_root
 
 
 def _package_dir(module: str, pip_name: str) -> Path:
@@ -47,7 +47,7 @@ def tiny_qwen3_dir(cache_dir: Path | None = None, hidden_size: int = 64, seed: i
     Two layers, head_dim 32 (the CPU build of vLLM rejects smaller heads), tied embeddings over
     Qwen3's full vocabulary; about 40 MB on disk.
     """
-    out = (cache_dir or DEFAULT_CACHE) / f"tiny-qwen3-h{hidden_size}-s{seed}"
+    out = (cache_dir or cache_root()) / f"tiny-qwen3-h{hidden_size}-s{seed}"
     if (out / "config.json").exists() and any(out.glob("*.safetensors")):
         return out
     import torch

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import inspect
+import json
 import math
 import textwrap
 from pathlib import Path
@@ -231,6 +232,21 @@ def test_bootstrap_builds_missing_data_once_and_keeps_existing_files(tmp_path, t
     rebuilt = bootstrap_inputs(config_with("{model:tiny_qwen3,train_samples:3,val_samples:1,doc_tokens:700,seed:3}"))
     assert [line.split(":")[0] for line in rebuilt] == ["data.train_files"] and "700-token documents" in rebuilt[0]
     assert pq.read_metadata(train).num_rows == 3 and pq.read_metadata(val).num_rows == 1
+    # A damaged marker still marks our file: it is written again, not a JSON error.
+    Path(f"{train}.bootstrap.json").write_text('{"samples": 3, "doc_to')
+    again = bootstrap_inputs(config_with("{model:tiny_qwen3,train_samples:3,val_samples:1,doc_tokens:700,seed:3}"))
+    assert [line.split(":")[0] for line in again] == ["data.train_files"]
+    assert json.loads(Path(f"{train}.bootstrap.json").read_text())["doc_tokens"] == 700
+
+
+def test_the_offline_cache_is_read_when_used_not_when_imported(tmp_path, monkeypatch):
+    from infmem_verl.agent.static_embed import table_path
+    from infmem_verl.assets import tiny_qwen3_dir
+
+    monkeypatch.setenv("INFMEM_CACHE", str(tmp_path / "cache"))
+    assert table_path().parent == tmp_path / "cache"
+    built = tiny_qwen3_dir(hidden_size=64, seed=5)
+    assert built.parent == tmp_path / "cache" and (built / "config.json").is_file()
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,9 @@ from typing import Sequence
 import numpy as np
 import scipy.sparse
 
-# Distilled once per machine: $INFMEM_CACHE (as the other offline assets) or ~/.cache/infmem_verl.
+from .offline_cache import cache_root
+
+# Distilled once per machine, into the offline cache (agent/offline_cache.py).
 TABLE_FILE = "minilm-l6-static-v1.npy"
 # Word pieces run through MiniLM per batch while distilling (3 positions each).
 _DISTILL_BATCH = 1024
@@ -35,8 +37,7 @@ _EMBED_UNITS = 512
 
 def table_path() -> Path:
     """Where the distilled table is cached."""
-    base = Path(os.environ.get("INFMEM_CACHE", Path.home() / ".cache" / "infmem_verl"))
-    return base / TABLE_FILE
+    return cache_root() / TABLE_FILE
 
 
 def distill_table() -> np.ndarray:

@@ -84,7 +84,7 @@ def bootstrap_inputs(config: DictConfig) -> list[str]:
             OmegaConf.update(config, key, path)
             wanted = {"samples": count, "doc_tokens": settings.doc_tokens, "seed": seed}
             marker = Path(f"{path}.bootstrap.json")
-            written = json.loads(marker.read_text()) if marker.is_file() else None
+            written = _marker(marker)
             if os.path.isfile(path) and written in (None, wanted):
                 continue  # the user's own file, or ours with these settings
             marker.unlink(missing_ok=True)  # until the new file is complete
@@ -93,6 +93,20 @@ def bootstrap_inputs(config: DictConfig) -> list[str]:
             documents = f"{settings.doc_tokens}-token documents"
             provided.append(f"{key}: wrote {count} synthetic two-hop questions over {documents} to {path}")
     return provided
+
+
+def _marker(marker: Path) -> dict | str | None:
+    """The settings our earlier write recorded; None when there is no marker (a user's file).
+
+    A marker cut short or edited by hand still says the file is ours: "unreadable" makes the
+    caller write the file again rather than fail on a JSON error.
+    """
+    if not marker.is_file():
+        return None
+    try:
+        return json.loads(marker.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return "unreadable"
 
 
 def _model(config: DictConfig, settings: BootstrapSettings) -> tuple[str, str]:

@@ -98,13 +98,13 @@ def warm_qwen3_dir(
     ``recipe`` and ``overrides`` compose the same agent protocol in the distillation command as
     in ``config`` (the launcher passes its own command line).
     """
-    from infmem_verl.assets import DEFAULT_CACHE
+    from infmem_verl.agent.offline_cache import cache_root
 
     settings = warmup_settings(config)
     agent_name = config.actor_rollout_ref.rollout.agent.default_agent_loop.removesuffix("_agent")
     agent_cfg = agent_settings(config)
     key = protocol_key(settings, agent_name, agent_cfg)
-    root = (cache_dir or DEFAULT_CACHE) / f"warm-qwen3-{key}"
+    root = (cache_dir or cache_root()) / f"warm-qwen3-{key}"
     model = root / "model"
     if (model / "config.json").is_file() and (root / REPORT).is_file():
         return model
