@@ -61,7 +61,7 @@ gpu-smoke:
 	env -u HF_HUB_OFFLINE -u TRANSFORMERS_OFFLINE bash recipes/gpu_smoke.sh $(ARGS)
 
 test: $(STAMP) $(VLLM_STAMP) $(CHROMIUM)
-	$(VPY) -m pytest -q tests
+	$(VPY) -m pytest -q --durations=20 tests
 
 eval: $(STAMP)
 	$(VPY) -m infmem_verl.eval
