@@ -236,15 +236,34 @@ OPTIMIZER_STEPS = 2  # the smoke recipe's infmem.train.optimizer_steps_per_rl_st
 PROTOCOL_FLAGS = {"prethink": {FLAG_INVALID_ACTION}, "write": set(MEMORY_FAILURES), "answer": set()}
 
 
+# Set by the stopped-and-resumed run's first process only: its checkpoint tracker file.
+HOLD_AFTER_CHECKPOINT = "INFMEM_TEST_HOLD_AFTER_CHECKPOINT"
+
+
 def letters(record) -> float:
     """Reward component: the share of ASCII letters in the final answer text.
 
     Random text scores differently per trajectory, so the reward is not the constant 0 that exact
     match gives a random model and a wrong average would show. Imported by the reward worker as
-    ``test_metrics_tb.letters``.
+    ``test_metrics_tb.letters``. In the first process of the stopped run, scoring waits once
+    checkpoint 1 exists (see :func:`_hold_once_checkpointed`).
     """
+    _hold_once_checkpointed()
     text = record.solution_str
     return sum(c.isascii() and c.isalpha() for c in text) / max(len(text), 1)
+
+
+def _hold_once_checkpointed() -> None:
+    """Wait while the tracker named by ``HOLD_AFTER_CHECKPOINT`` exists: step 2 then cannot end.
+
+    Step 2 of this shape lasts seconds, so a Ctrl-C sent once step 1 is saved and logged could
+    arrive after step 2 had ended and saved checkpoint 2 (a full suite on 2 cores did that), and the
+    resumed process had nothing left to run. Holding step 2's scoring makes Ctrl-C land inside it.
+    """
+    tracker = os.environ.get(HOLD_AFTER_CHECKPOINT)
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while tracker and os.path.isfile(tracker) and time.monotonic() < deadline:
+        time.sleep(0.5)
 
 
 @dataclass
@@ -324,13 +343,17 @@ def tensorboard_scalars(path: Path) -> dict[str, dict[int, float]]:
     return scalars
 
 
-def _step_one_is_saved_and_logged(root: Path) -> bool:
-    """Checkpoint 1 complete and step 1 in the run's records: the earliest moment step 2 has begun.
+def _tracker(root: Path) -> Path:
+    return root / "checkpoints" / "latest_checkpointed_iteration.txt"
 
-    Step 2 of this shape lasts seconds, so the wait reads nothing that arrives late (Ray's
-    console relay, TensorBoard's flush at the next step); both are checked after the run ends.
+
+def _step_one_is_saved_and_logged(root: Path) -> bool:
+    """Checkpoint 1 complete and step 1 in the run's records: step 2 has begun (and waits).
+
+    The wait reads nothing that arrives late (Ray's console relay, TensorBoard's flush at the
+    next step); both are checked after the run ends.
     """
-    tracker = root / "checkpoints" / "latest_checkpointed_iteration.txt"
+    tracker = _tracker(root)
     if not tracker.is_file() or tracker.read_text().strip() != "1":
         return False
     return any(r["step"] == 1 and "infmem/reward" in r for r in RunRecord(root / "tensorboard").steps())
@@ -360,7 +383,8 @@ def run(tmp_path_factory) -> Run:
     root = tmp_path_factory.mktemp("stopped_and_resumed")
     command, env = _command(root), _environment(root)
     log = (root / "first.log").open("w")
-    first = subprocess.Popen(command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+    held = {**env, HOLD_AFTER_CHECKPOINT: str(_tracker(root))}  # step 2 waits for the Ctrl-C
+    first = subprocess.Popen(command, cwd=root, env=held, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + RUN_TIMEOUT_S
     started: list[int] = []
     try:
