@@ -343,6 +343,16 @@ def tensorboard_scalars(path: Path) -> dict[str, dict[int, float]]:
     return scalars
 
 
+def _sigint_as_in_a_terminal() -> None:
+    """In the child before exec: SIGINT at its default, as a terminal's Ctrl-C finds it.
+
+    A suite started as a background job of a non-interactive shell (``cmd &``) inherits SIGINT
+    ignored, and so would the run: Python keeps an ignored SIGINT, and the run would never see
+    the fixture's Ctrl-C (two full suites here failed so).
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _tracker(root: Path) -> Path:
     return root / "checkpoints" / "latest_checkpointed_iteration.txt"
 
@@ -384,7 +394,9 @@ def run(tmp_path_factory) -> Run:
     command, env = _command(root), _environment(root)
     log = (root / "first.log").open("w")
     held = {**env, HOLD_AFTER_CHECKPOINT: str(_tracker(root))}  # step 2 waits for the Ctrl-C
-    first = subprocess.Popen(command, cwd=root, env=held, stdout=log, stderr=subprocess.STDOUT)
+    first = subprocess.Popen(
+        command, cwd=root, env=held, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_sigint_as_in_a_terminal
+    )  # fmt: skip
     deadline = time.monotonic() + RUN_TIMEOUT_S
     started: list[int] = []
     try:
