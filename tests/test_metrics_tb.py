@@ -256,9 +256,9 @@ def letters(record) -> float:
 def _hold_once_checkpointed() -> None:
     """Wait while the tracker named by ``HOLD_AFTER_CHECKPOINT`` exists: step 2 then cannot end.
 
-    Step 2 of this shape lasts seconds, so a Ctrl-C sent once step 1 is saved and logged could
-    arrive after step 2 had ended and saved checkpoint 2 (a full suite on 2 cores did that), and the
-    resumed process had nothing left to run. Holding step 2's scoring makes Ctrl-C land inside it.
+    Step 2 of this shape lasts seconds, so on a loaded machine a Ctrl-C sent once step 1 is saved
+    and logged could arrive after step 2 had ended and saved checkpoint 2, leaving the resumed
+    process nothing to run. Holding step 2's scoring makes Ctrl-C land inside it.
     """
     tracker = os.environ.get(HOLD_AFTER_CHECKPOINT)
     deadline = time.monotonic() + RUN_TIMEOUT_S

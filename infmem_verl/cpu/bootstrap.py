@@ -95,18 +95,18 @@ def bootstrap_inputs(config: DictConfig) -> list[str]:
     return provided
 
 
-def _marker(marker: Path) -> dict | str | None:
+def _marker(marker: Path) -> dict | None:
     """The settings our earlier write recorded; None when there is no marker (a user's file).
 
-    A marker cut short or edited by hand still says the file is ours: "unreadable" makes the
-    caller write the file again rather than fail on a JSON error.
+    A marker cut short or edited by hand still says the file is ours: it reads as no settings
+    ({}), so the caller writes the file again rather than fail on a JSON error.
     """
     if not marker.is_file():
         return None
     try:
         return json.loads(marker.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
-        return "unreadable"
+        return {}
 
 
 def _model(config: DictConfig, settings: BootstrapSettings) -> tuple[str, str]:
