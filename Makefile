@@ -64,7 +64,7 @@ gpu-smoke:
 # the suite in one process.
 TEST_WORKERS ?= 2
 test: $(STAMP) $(VLLM_STAMP) $(CHROMIUM)
-	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=20 tests
+	$(VPY) -m pytest -q -n $(TEST_WORKERS) --durations=20 tests
 
 eval: $(STAMP)
 	$(VPY) -m infmem_verl.eval

@@ -4,6 +4,7 @@ server, the small warm-up) and the suite's split over pytest-xdist's workers."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -11,30 +12,53 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
-# `make test` runs the suite on two pytest-xdist workers (``-n 2 --dist loadgroup
-# --no-loadscope-reorder``): most of its time is single-threaded (a tiny model's forward is Python
-# overhead, a Ray start waits on its actors), so a second worker fills the idle core. Work is handed
-# out in groups, which pytest_collection_modifyitems below sets: a module's tests stay together (its
-# module fixtures run once), and the modules that share one of these session fixtures join one group,
-# so each starts once per suite, as in a run without workers.
-SHARED_SESSION_FIXTURES = ("vllm_server", "warm_model")
+# `make test` runs the suite on two pytest-xdist workers (``-n 2``): most of its time is
+# single-threaded (a tiny model's forward is Python overhead, a Ray start waits on its actors), so a
+# second worker fills the idle core. Work is handed out in groups (ModuleGroups below): a module's
+# tests stay together, so its module fixtures run once, and the modules that share an expensive
+# session fixture form one group, so it starts once per suite as in a run without workers.
+# (xdist's own ``--dist loadgroup`` marks tests by rewriting their ids, which pytest 9 ignores.)
+SHARED_SESSION_GROUPS = {
+    "vllm_server": ("test_cost", "test_distill_vllm", "test_eval_vllm"),
+    "warm_model": ("test_cpu_training_runs", "test_warmup"),
+}
+GROUP_OF_MODULE = {module: group for group, modules in SHARED_SESSION_GROUPS.items() for module in modules}
 # Groups handed out first, the longest first (as `make test`'s --durations shows them): a long group
 # started last would leave the other worker idle at the end.
-LONGEST_GROUPS = ("vllm_server", "test_metrics_tb", "warm_model", "test_verl_pipeline", "test_preflight", "test_eval")
+LONGEST_GROUPS = ("test_metrics_tb", "warm_model", "vllm_server", "test_verl_pipeline", "test_export", "test_preflight")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the test ids
+def _group(module: str) -> str:
+    """The work group of a test module (its name without the package and ``.py``)."""
+    return GROUP_OF_MODULE.get(module, module)
+
+
 def pytest_collection_modifyitems(config, items):
-    modules: dict[str, str] = {}  # module name -> group
+    """Refuse a test whose module is outside its shared fixture's group (the fixture would start
+    again on the other worker); put the longest groups first, each module's tests in file order."""
     for item in items:
-        module = item.module.__name__
-        shared = next((f for f in SHARED_SESSION_FIXTURES if f in item.fixturenames), None)
-        if shared is not None or module not in modules:
-            modules[module] = shared or modules.get(module, module)
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(modules[item.module.__name__]))
+        module = item.module.__name__.rsplit(".", 1)[-1]
+        for fixture in SHARED_SESSION_GROUPS:
+            if fixture in item.fixturenames and _group(module) != fixture:
+                raise pytest.UsageError(
+                    f"{item.nodeid} uses the session fixture {fixture}: add {module!r} to "
+                    f"SHARED_SESSION_GROUPS[{fixture!r}] in tests/conftest.py so that it starts once per suite"
+                )
     rank = {group: i for i, group in enumerate(LONGEST_GROUPS)}
-    items.sort(key=lambda item: rank.get(modules[item.module.__name__], len(rank)))  # stable: file order kept
+    items.sort(key=lambda item: rank.get(_group(item.module.__name__.rsplit(".", 1)[-1]), len(rank)))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroups(LoadScopeScheduling):
+        """xdist's per-module scheduling, with the modules of a shared session fixture as one unit."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(Path(nodeid.split("::", 1)[0]).stem)
+
+    config.option.loadscopereorder = False  # keep the collection's order: longest groups first
+    return ModuleGroups(config, log)
 
 
 @pytest.fixture(scope="session")
