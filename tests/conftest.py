@@ -28,24 +28,23 @@ GROUP_OF_MODULE = {module: group for group, modules in SHARED_SESSION_GROUPS.ite
 LONGEST_GROUPS = ("test_metrics_tb", "warm_model", "vllm_server", "test_verl_pipeline", "test_export", "test_preflight")
 
 
-def _group(module: str) -> str:
-    """The work group of a test module (its name without the package and ``.py``)."""
-    return GROUP_OF_MODULE.get(module, module)
+def _group(test_file: Path) -> str:
+    """The work group of a test file's tests (the module name, or its shared fixture's)."""
+    return GROUP_OF_MODULE.get(test_file.stem, test_file.stem)
 
 
 def pytest_collection_modifyitems(config, items):
     """Refuse a test whose module is outside its shared fixture's group (the fixture would start
     again on the other worker); put the longest groups first, each module's tests in file order."""
     for item in items:
-        module = item.module.__name__.rsplit(".", 1)[-1]
         for fixture in SHARED_SESSION_GROUPS:
-            if fixture in item.fixturenames and _group(module) != fixture:
+            if fixture in item.fixturenames and _group(item.path) != fixture:
                 raise pytest.UsageError(
-                    f"{item.nodeid} uses the session fixture {fixture}: add {module!r} to "
+                    f"{item.nodeid} uses the session fixture {fixture}: add {item.path.stem!r} to "
                     f"SHARED_SESSION_GROUPS[{fixture!r}] in tests/conftest.py so that it starts once per suite"
                 )
     rank = {group: i for i, group in enumerate(LONGEST_GROUPS)}
-    items.sort(key=lambda item: rank.get(_group(item.module.__name__.rsplit(".", 1)[-1]), len(rank)))
+    items.sort(key=lambda item: rank.get(_group(item.path), len(rank)))
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -55,7 +54,7 @@ def pytest_xdist_make_scheduler(config, log):
         """xdist's per-module scheduling, with the modules of a shared session fixture as one unit."""
 
         def _split_scope(self, nodeid: str) -> str:
-            return _group(Path(nodeid.split("::", 1)[0]).stem)
+            return _group(Path(nodeid.split("::", 1)[0]))
 
     config.option.loadscopereorder = False  # keep the collection's order: longest groups first
     return ModuleGroups(config, log)
