@@ -324,16 +324,18 @@ def reference_characters(units: Sequence[str]) -> Retriever:
 def variants(rerank: bool) -> dict[str, Builder]:
     """Every compared retriever by name; ours first, the reference's last."""
     table: dict[str, Builder] = {
-        "words": ours(RetrievalConfig(stem=False, stopwords=False)),
-        "words+stop": ours(RetrievalConfig(stem=False, stopwords=True)),
-        "words+stem": ours(RetrievalConfig(stem=True, stopwords=False)),
-        "words+stem+stop (k1=1.2 b=0.75)": ours(RetrievalConfig(stem=True, stopwords=True, k1=1.2, b=0.75)),
+        "words": ours(RetrievalConfig(stem=False, stopwords=False, bigram_weight=0)),
+        "words+stop": ours(RetrievalConfig(stem=False, stopwords=True, bigram_weight=0)),
+        "words+stem": ours(RetrievalConfig(stem=True, stopwords=False, bigram_weight=0)),
+        "words+stem+stop (k1=1.2 b=0.75)": ours(RetrievalConfig(stem=True, stopwords=True, k1=1.2, b=0.75, bigram_weight=0)),
     }
     for k1, b in ((0.9, 0.4), (1.2, 0.3), (1.2, 0.5), (1.2, 0.9), (1.5, 0.75), (2.0, 0.75)):
-        table[f"stem+stop k1={k1} b={b}"] = ours(RetrievalConfig(k1=k1, b=b))
-    table["rank_bm25 backend, stem+stop"] = ours(RetrievalConfig(backend="rank_bm25"))
+        table[f"stem+stop k1={k1} b={b}"] = ours(RetrievalConfig(k1=k1, b=b, bigram_weight=0))
+    for weight in (0.25, 0.5):
+        table[f"stem+stop k1=0.9 b=0.4 + bigrams {weight}"] = ours(RetrievalConfig(k1=0.9, b=0.4, bigram_weight=weight))
+    table["rank_bm25 backend, stem+stop"] = ours(RetrievalConfig(backend="rank_bm25", bigram_weight=0))
     table["rank_bm25 words k1=1.5 (~eval HEAD)"] = ours(
-        RetrievalConfig(backend="rank_bm25", stem=False, stopwords=False, k1=1.5)
+        RetrievalConfig(backend="rank_bm25", stem=False, stopwords=False, k1=1.5, bigram_weight=0)
     )
     if rerank:
         table["stem+stop + MiniLM rerank c=32"] = ours(RetrievalConfig(rerank=True, rerank_model="minilm", rerank_candidates=32))
@@ -372,8 +374,9 @@ def speed(hay: Haystack, rollouts: int = 4) -> None:
     print(f"\n== Speed on a {hay.num_tokens:,}-token document: {len(units)} units, {hay.num_chunks} chunks ==")
     print(f"{'':32s} {'build s':>8s} {'ms/query':>9s}")
     for name, build in (
-        ("ours sparse (stem+stop)", ours(RetrievalConfig())),
-        ("ours rank_bm25 (stem+stop)", ours(RetrievalConfig(backend="rank_bm25"))),
+        ("ours sparse (default)", ours(RetrievalConfig())),
+        ("ours sparse + bigrams 0.25", ours(RetrievalConfig(bigram_weight=0.25))),
+        ("ours rank_bm25 (stem+stop)", ours(RetrievalConfig(backend="rank_bm25", bigram_weight=0))),
         ("REF whitespace BM25Okapi", reference_whitespace),
     ):
         get_analyzer.cache_clear()  # a cold analyzer: the build pays for stemming the vocabulary
@@ -453,17 +456,20 @@ UNIT_SCHEMES: dict[str, DocumentConfig] = {
     "para<=500 unmerged": DocumentConfig(unit_tokens=500, unit_overlap=100, paragraph_units=True, merge_paragraphs=False),
 }
 BM25_SETTINGS: dict[str, RetrievalConfig] = {
-    "k1=1.2 b=0.75": RetrievalConfig(k1=1.2, b=0.75),
-    "k1=0.9 b=0.4": RetrievalConfig(k1=0.9, b=0.4),
-    "k1=1.2 b=0.3": RetrievalConfig(k1=1.2, b=0.3),
-    "k1=1.5 b=0.75": RetrievalConfig(k1=1.5, b=0.75),
-    "k1=2.0 b=0.75": RetrievalConfig(k1=2.0, b=0.75),
+    "k1=1.2 b=0.75": RetrievalConfig(k1=1.2, b=0.75, bigram_weight=0),
+    "k1=0.9 b=0.4": RetrievalConfig(k1=0.9, b=0.4, bigram_weight=0),
+    "k1=1.2 b=0.3": RetrievalConfig(k1=1.2, b=0.3, bigram_weight=0),
+    "k1=1.5 b=0.75": RetrievalConfig(k1=1.5, b=0.75, bigram_weight=0),
+    "k1=2.0 b=0.75": RetrievalConfig(k1=2.0, b=0.75, bigram_weight=0),
 }
-# Analyzer and backend variants, measured on the default units only.
+# Analyzer, bigram and backend variants, measured on the default units only.
 ANALYZER_SETTINGS: dict[str, RetrievalConfig] = {
-    "words (no stem, no stop)": RetrievalConfig(stem=False, stopwords=False),
-    "stem, no stop": RetrievalConfig(stopwords=False),
-    "rank_bm25 words k1=1.5 (paper eval)": RetrievalConfig(backend="rank_bm25", stem=False, stopwords=False, k1=1.5),
+    "words (no stem, no stop)": RetrievalConfig(stem=False, stopwords=False, bigram_weight=0),
+    "stem, no stop": RetrievalConfig(stopwords=False, bigram_weight=0),
+    "k1=0.9 b=0.4 + bigrams 0.25": RetrievalConfig(k1=0.9, b=0.4, bigram_weight=0.25),
+    "k1=0.9 b=0.4 + bigrams 0.5": RetrievalConfig(k1=0.9, b=0.4, bigram_weight=0.5),
+    "k1=0.9 b=0.4 + bigrams 1.0": RetrievalConfig(k1=0.9, b=0.4, bigram_weight=1.0),
+    "rank_bm25 words k1=1.5 (paper eval)": RetrievalConfig(backend="rank_bm25", stem=False, stopwords=False, k1=1.5, bigram_weight=0),
 }
 # Candidates BM25 passes to each dense stage, and the fusions compared over them.
 DENSE_CANDIDATES = {"static": (50, 200), "minilm": (20, 50)}

@@ -20,6 +20,8 @@ from infmem_verl.agent.retrieval import STOPWORDS, Analyzer, BM25Index, Hit, Spa
 from infmem_verl.assets import wiki_paragraphs
 
 ANALYZER_FLAGS = [(False, False), (False, True), (True, False), (True, True)]
+# Each backend's config: BM25Okapi scores words only, so it takes no bigram weight.
+BACKENDS = {"sparse": RetrievalConfig(bigram_weight=0.25), "rank_bm25": RetrievalConfig(backend="rank_bm25")}
 
 
 @pytest.fixture(scope="module")
@@ -69,9 +71,9 @@ def test_analyzer_flags_change_terms():
     assert get_analyzer(False, False).words("Москва 東京都") == ["москва", "東", "京", "都", "東京", "京都"]
 
 
-@pytest.mark.parametrize("backend", ["sparse", "rank_bm25"])
+@pytest.mark.parametrize("backend", list(BACKENDS))
 def test_rare_word_finds_its_unit(units, backend):
-    index = BM25Index.build(units, RetrievalConfig(backend=backend))
+    index = BM25Index.build(units, BACKENDS[backend])
     rare = _rare_words(units, 20)
     assert len(rare) == 20
     for word, unit in rare:
@@ -116,7 +118,7 @@ def test_common_words_still_score(units):
     """
     big_units = ["\n\n".join(units[i : i + 40]) for i in range(0, 400, 40)]
     sparse = BM25Index.build(big_units, RetrievalConfig(stopwords=False))
-    okapi = BM25Index.build(big_units, RetrievalConfig(backend="rank_bm25", stopwords=False))
+    okapi = BM25Index.build(big_units, RetrievalConfig(backend="rank_bm25", stopwords=False, bigram_weight=0))
     words = _surface_words(big_units)
     unit_terms = [set(sparse.analyzer.analyze(t)) for t in big_units]
     df = Counter(term for terms in unit_terms for term in terms)
@@ -130,32 +132,59 @@ def test_common_words_still_score(units):
     assert all((okapi.scores(words[term]) == 0).all() for term in half)
 
 
-def test_sparse_scores_match_bm25_formula(units):
-    cfg = RetrievalConfig(k1=1.5, b=0.6)
-    index = BM25Index.build(units, cfg)
-    docs = [Counter(index.analyzer.analyze(t)) for t in units]
-    avgdl = sum(sum(d.values()) for d in docs) / len(docs)
-    query = "the river flows through the capital city"
-    terms = index.analyzer.analyze(query)
-    expected = []
-    for doc in docs:
-        dl = sum(doc.values())
+def _bm25(docs: list[Counter], terms: list[str], k1: float, b: float, lengths: list[int]) -> list[float]:
+    """BM25 of ``terms`` over bags ``docs`` (Lucene's idf), written out term by term."""
+    avgdl = sum(lengths) / len(lengths)
+    scores = []
+    for doc, dl in zip(docs, lengths):
         score = 0.0
         for term in terms:
             df = sum(term in d for d in docs)
             idf = math.log(1 + (len(docs) - df + 0.5) / (df + 0.5))
             tf = doc[term]
-            score += idf * tf * (cfg.k1 + 1) / (tf + cfg.k1 * (1 - cfg.b + cfg.b * dl / avgdl))
-        expected.append(score)
+            score += idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl))
+        scores.append(score)
+    return scores
+
+
+@pytest.mark.parametrize("bigram_weight", [0.0, 0.5])
+def test_sparse_scores_match_bm25_formula(units, bigram_weight):
+    """Words, plus ``bigram_weight`` times BM25 over adjacent term pairs as strings (normalised
+    by the unit's length in terms)."""
+    cfg = RetrievalConfig(k1=1.5, b=0.6, bigram_weight=bigram_weight)
+    index = BM25Index.build(units, cfg)
+    unit_terms = [index.analyzer.analyze(t) for t in units]
+    lengths = [len(t) for t in unit_terms]
+    query = "the river flows through the capital city of the river delta"
+    terms = index.analyzer.analyze(query)
+    pairs = [f"{a} {b}" for a, b in zip(terms, terms[1:])]
+    unit_pairs = [Counter(f"{a} {b}" for a, b in zip(t, t[1:])) for t in unit_terms]
+    words = _bm25([Counter(t) for t in unit_terms], terms, cfg.k1, cfg.b, lengths)
+    phrases = _bm25(unit_pairs, pairs, cfg.k1, cfg.b, lengths)
+    expected = np.array(words) + bigram_weight * np.array(phrases)
+    assert sum(p > 0 for p in phrases) >= 3  # the query's pairs do occur in the paragraphs
     np.testing.assert_allclose(index.scores(query), expected, rtol=1e-5)
 
 
-@pytest.mark.parametrize("backend", ["sparse", "rank_bm25"])
+def test_bigrams_rank_the_words_in_query_order_first(units):
+    # Same terms, same lengths: the words alone tie, and the tie goes to the earlier unit.
+    scattered = "Tree, fruit and species grow on the hills."
+    in_order = "Species of fruit tree grow on the hills."
+    docs = units[:20] + [scattered, in_order]
+    query = "species of fruit tree"
+    words = BM25Index.build(docs, RetrievalConfig(bigram_weight=0)).search(query, 2)
+    assert [h.unit for h in words] == [20, 21] and words[0].score == words[1].score
+    pairs = BM25Index.build(docs, RetrievalConfig(bigram_weight=0.25)).search(query, 2)
+    assert [h.unit for h in pairs] == [21, 20] and pairs[0].score > pairs[1].score
+    assert pairs[1].score == pytest.approx(words[1].score)  # no pair of the query: words alone
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
 def test_ties_break_by_position(units, backend):
     # Three copies among seven units: BM25Okapi's idf of a word in half the units would be 0.
     dup = units[4]
     tied = [units[0], dup, units[1], dup, units[2], dup, units[3]]
-    index = BM25Index.build(tied, RetrievalConfig(backend=backend))
+    index = BM25Index.build(tied, BACKENDS[backend])
     word, _ = _rare_words([dup] + units[:4], 1)[0]
     hits = index.search(word, top_k=2)
     assert [h.unit for h in hits] == [1, 3]
@@ -189,7 +218,7 @@ def test_allowed_mask_filters_ranking(index):
 
 def test_backends_agree_on_clear_queries(units):
     sparse = BM25Index.build(units, RetrievalConfig())
-    okapi = BM25Index.build(units, RetrievalConfig(backend="rank_bm25"))
+    okapi = BM25Index.build(units, BACKENDS["rank_bm25"])
     rare = _rare_words(units, 30)
     for (w1, u1), (w2, _) in zip(rare, rare[1:]):
         # A query with one paragraph's rare word plus context words from another.
@@ -211,6 +240,10 @@ def test_bad_input_is_rejected(index):
         BM25Index.build(["some text"], RetrievalConfig(b=1.5))
     with pytest.raises(ConfigError, match="retrieval.backend"):
         BM25Index.build(["some text"], RetrievalConfig(backend="bm25s"))
+    with pytest.raises(ConfigError, match="retrieval.bigram_weight: expected a number >= 0"):
+        BM25Index.build(["some text"], RetrievalConfig(bigram_weight=-0.5))
+    with pytest.raises(ConfigError, match="retrieval.bigram_weight: expected 0 with backend 'rank_bm25'"):
+        BM25Index.build(["some text"], RetrievalConfig(backend="rank_bm25", bigram_weight=0.25))
 
 
 def _one_pass_sparse(unit_terms: list[list[str]], k1: float, b: float) -> tuple[dict, scipy.sparse.csr_matrix]:
@@ -251,11 +284,13 @@ def test_streamed_sparse_index_equals_the_one_pass_build(units, block, monkeypat
 
 def test_index_over_lazy_unit_texts_equals_index_over_a_list(tokenizer, units):
     doc = Document.from_text("\n\n".join(units[:120]), tokenizer, DocumentConfig(chunk_tokens=2000))
-    lazy = BM25Index.build(doc.unit_texts(), RetrievalConfig())
-    listed = BM25Index.build(list(doc.unit_texts()), RetrievalConfig())
+    lazy = BM25Index.build(doc.unit_texts(), RetrievalConfig(bigram_weight=0.25))
+    listed = BM25Index.build(list(doc.unit_texts()), RetrievalConfig(bigram_weight=0.25))
     assert lazy.num_units == listed.num_units == doc.num_units
     assert lazy.scorer.vocab == listed.scorer.vocab
     assert (lazy.scorer.weights != listed.scorer.weights).nnz == 0
+    np.testing.assert_array_equal(lazy.scorer.bigram_keys, listed.scorer.bigram_keys)
+    assert len(lazy.scorer.bigram_keys) > 1000 and (lazy.scorer.bigram_weights != listed.scorer.bigram_weights).nnz == 0
     for query in ("war between two empires", "famous painter", "river"):
         assert lazy.search(query, 8) == listed.search(query, 8)
 
@@ -442,10 +477,13 @@ def test_recall_of_each_variant_on_real_queries(tokenizer, described_case):
     }.items():
         doc, gold = real_document(tokenizer, paragraphs, case, doc_cfg)
         assert doc.num_units >= 20 and all(len(g) for g in gold)
-        pools = [BM25Index.build(doc.unit_texts(), RetrievalConfig()).search(q, 8) for q in case.queries]
+        words_only = BM25Index.build(doc.unit_texts(), RetrievalConfig(bigram_weight=0))
+        pools = [words_only.search(q, 8) for q in case.queries]
         ranks[f"{name} BM25"] = _ranks([[h.unit for h in p] for p in pools], gold)
         if name != "paragraphs":
             continue
+        with_pairs = BM25Index.build(doc.unit_texts(), RetrievalConfig(bigram_weight=0.25))
+        ranks["paragraphs BM25 + bigrams"] = _ranks([[h.unit for h in with_pairs.search(q, 8)] for q in case.queries], gold)
         for model in ("minilm", "static"):  # BM25's top 8: the dense stage's pool
             embeddings = BM25Index.build(doc.unit_texts(), RetrievalConfig(rerank_model=model)).embeddings
             for fusion, weight in (("rrf", 0.0), ("score", 0.3), ("dense", 1.0)):
@@ -474,10 +512,11 @@ def test_recall_of_each_variant_on_real_queries(tokenizer, described_case):
     assert all({i for i, x in enumerate(r) if x is None} == missed for name, r in ranks.items() if " BM25" not in name)
     # A description sharing no name with its article ("John B. Watson"): units holding that
     # article alone rank it higher than merged or fixed ones, and either embedder's score fusion
-    # lifts it further, to the top.
+    # lifts it further, to the top; so does the pair "american psychologist", in the words' order.
     watson = case.queries.index("American psychologist (1878–1958)")
     assert ranks["fixed BM25"][watson] > ranks["merged BM25"][watson] > ranks["paragraphs BM25"][watson] > 1
-    assert ranks["minilm score"][watson] == ranks["static score"][watson] == 1
+    assert ranks["minilm score"][watson] == ranks["static score"][watson] == ranks["paragraphs BM25 + bigrams"][watson] == 1
+    assert recall["paragraphs BM25 + bigrams"][1] >= recall["paragraphs BM25"][1]
 
 
 def test_static_embeddings_are_idf_weighted_piece_sums():

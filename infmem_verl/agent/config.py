@@ -87,6 +87,13 @@ class RetrievalConfig:
     b: float = 0.4
     stem: bool = True
     stopwords: bool = True
+    # Sparse backend: a unit's score adds this times the BM25 score of the query's adjacent term
+    # pairs it holds (0: words alone). On the real-query benchmark at 1M tokens, recall@4 on two
+    # draws: 0.813 / 0.850 without pairs, 0.840 / 0.873 at 0.25, 0.853 / 0.860 at 0.5, 0.833 /
+    # 0.853 at 1, 0.800 / 0.823 at 2 (128K: 0.900 / 0.915 -> 0.900 / 0.930 at 0.25). Off by
+    # default: the pair matrix of a 1M-token document took the peak memory of a prepared sample
+    # from 3.9x to 9.5x its text (bench/agent_core.py; target <= 5x) and its build 2.8 -> 4.0 s.
+    bigram_weight: float = 0.0
     # Optional second stage: rerank BM25's best ``rerank_candidates`` units with MiniLM embeddings
     # (embedded at query time, once per unit and document). ``fusion``: "rrf" (reciprocal rank
     # fusion of the BM25 and MiniLM rankings), "score" (``(1 - fusion_weight) * BM25 +
@@ -124,6 +131,13 @@ class RetrievalConfig:
         )
         _check(self.k1 >= 0, f"{path}.k1", "a number >= 0", self.k1)
         _check(0 <= self.b <= 1, f"{path}.b", "a number in [0, 1]", self.b)
+        _check(self.bigram_weight >= 0, f"{path}.bigram_weight", "a number >= 0", self.bigram_weight)
+        _check(
+            self.backend == "sparse" or self.bigram_weight == 0,
+            f"{path}.bigram_weight",
+            "0 with backend 'rank_bm25' (only the sparse backend scores term pairs)",
+            self.bigram_weight,
+        )
         _check(self.rerank_model in ("static", "minilm"), f"{path}.rerank_model", "'static' or 'minilm'", self.rerank_model)
         _check(self.rerank_candidates >= 1, f"{path}.rerank_candidates", "an integer >= 1", self.rerank_candidates)
         _check(self.fusion in ("rrf", "score", "dense"), f"{path}.fusion", "'rrf', 'score' or 'dense'", self.fusion)
