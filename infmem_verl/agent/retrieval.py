@@ -206,8 +206,8 @@ class SparseBM25:
         self.n_units = n_units
         self.term_sequence = _joined(sequence)
         self.unit_lengths = unit_lengths
-        # Position in term_sequence of each unit's first term.
-        self.unit_starts = np.cumsum([0, *(n + 1 for n in lengths[:-1])]) if self.bigram_weight > 0 else np.zeros(0)
+        # Position in term_sequence of each unit's first term (each unit's terms, then -1).
+        self.unit_starts = np.cumsum(unit_lengths + 1) - (unit_lengths + 1)
 
     def scores(self, terms: list[str]) -> np.ndarray:
         ids = np.array([self.vocab.get(t, -1) for t in terms], dtype=np.int64)
@@ -256,11 +256,8 @@ class SparseBM25:
         return out
 
     def _units_holding_both(self, first: int, second: int) -> np.ndarray:
-        """The units holding both term ids, ascending (from the rows of the weight matrix)."""
-        rows = self.weights.indptr
-        return np.intersect1d(
-            self.weights.indices[rows[first] : rows[first + 1]], self.weights.indices[rows[second] : rows[second + 1]], assume_unique=True
-        )
+        """The units holding both term ids, ascending."""
+        return np.intersect1d(self._units_holding(first), self._units_holding(second), assume_unique=True)
 
     def _units_holding(self, term: int) -> np.ndarray:
         """The units holding term id ``term``, ascending (its row of the weight matrix)."""
