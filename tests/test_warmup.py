@@ -27,3 +27,25 @@ def test_the_warm_up_distils_trains_checks_and_caches_the_student(warm_model):
     work = warm_model.parent / "work"
     assert (work / "distill" / "sft_train.parquet").is_file() and (work / "sft.log").is_file()
     assert warm_qwen3_dir(demo_config(*WARMUP_SMALL), "demo", WARMUP_SMALL, cache_dir=warm_model.parent.parent) == warm_model
+
+
+def test_the_check_samples_at_the_warm_ups_own_settings_whatever_the_launch_samples_at():
+    """The cache key leaves the run's sampling out, so the model one launch builds is the one
+    every launch reuses: its check (and the refusal under min_valid) must not follow the launch."""
+    import pytest
+
+    from infmem_verl.agent.errors import ConfigError
+    from infmem_verl.cpu.warmup import check_sampling, protocol_key, warmup_settings
+    from infmem_verl.settings import agent_settings
+
+    hot = demo_config("actor_rollout_ref.rollout.temperature=1.0", "actor_rollout_ref.rollout.top_p=1.0")
+    cool = demo_config()
+    settings, agent_cfg = warmup_settings(hot), agent_settings(hot)
+    checked = check_sampling(settings, agent_cfg)
+    assert (checked.temperature, checked.top_p) == (0.6, 0.95) != (agent_cfg.temperature, agent_cfg.top_p)
+    assert protocol_key(settings, "infmem", agent_cfg) == protocol_key(warmup_settings(cool), "infmem", agent_settings(cool))
+    colder = warmup_settings(demo_config("infmem.warmup.check_temperature=0.3"))
+    assert check_sampling(colder, agent_cfg).temperature == 0.3
+    assert protocol_key(colder, "infmem", agent_cfg) != protocol_key(settings, "infmem", agent_cfg)
+    with pytest.raises(ConfigError, match=r"infmem\.warmup\.check_top_p: expected a number in \(0, 1\], got 0"):
+        warmup_settings(demo_config("infmem.warmup.check_top_p=0"))

@@ -11,8 +11,10 @@ in miniature:
    ``python -m infmem_verl.distill --teacher oracle`` (every finished trajectory kept);
 2. **SFT** - the tiny random Qwen3 (:func:`~infmem_verl.assets.tiny_qwen3_dir`) is fine-tuned on
    those calls through ``python -m infmem_verl.sft +recipe=sft_warmup`` (the CPU loop);
-3. **check** - the SFT model runs the recipe's agent with the RL rollout's sampling on held-out
-   synthetic documents (another seed): the share of PreThink turns whose action parsed and of
+3. **check** - the SFT model runs the recipe's agent on held-out synthetic documents (another
+   seed), sampled at the warm-up's own ``check_temperature`` / ``check_top_p`` (Qwen3's
+   thinking-mode 0.6 / 0.95), not at the launching run's: the cached model and its report are
+   then the same whichever run built them. It measures the share of PreThink turns whose action parsed and of
    Writes that closed their thinking within the memory cap (the protocol reward's definitions),
    retrieval, early stopping and accuracy are measured. A model under ``min_valid`` on either
    rate is refused, so a run never starts RL from a model that cannot follow the protocol.
@@ -69,6 +71,8 @@ class WarmupSettings:
     lr: float = 1.0e-2  # a random tiny model: 2e-3 left its format tokens unsure after 100 steps
     heldout_samples: int = 16
     min_valid: float = 0.9  # least share of valid PreThink actions and of valid Writes
+    check_temperature: float = 0.6  # the held-out check's sampling
+    check_top_p: float = 0.95
     seed: int = 100  # of the distilled documents (held-out ones: seed + 1000)
 
     def validate(self, path: str) -> WarmupSettings:
@@ -81,6 +85,10 @@ class WarmupSettings:
             raise ConfigError(f"{path}.lr: expected a number > 0, got {self.lr!r}")
         if not 0 <= self.min_valid <= 1:
             raise ConfigError(f"{path}.min_valid: expected a number in [0, 1], got {self.min_valid!r}")
+        if not self.check_temperature >= 0:
+            raise ConfigError(f"{path}.check_temperature: expected a number >= 0, got {self.check_temperature!r}")
+        if not 0 < self.check_top_p <= 1:
+            raise ConfigError(f"{path}.check_top_p: expected a number in (0, 1], got {self.check_top_p!r}")
         if self.hidden_size % 32:
             raise ConfigError(f"{path}.hidden_size: expected a multiple of 32 (head_dim), got {self.hidden_size!r}")
         return self
@@ -122,7 +130,7 @@ def warm_qwen3_dir(
     report.seconds["sft"] = time.perf_counter() - started
 
     started = time.perf_counter()
-    report.heldout = heldout_check(checkpoint, agent_name, _sampling(config, agent_cfg), settings)
+    report.heldout = heldout_check(checkpoint, agent_name, check_sampling(settings, agent_cfg), settings)
     report.seconds["check"] = time.perf_counter() - started
     say(f"warm-up: {report.heldout.line()}")
     if min(report.heldout.prethink_valid, report.heldout.write_valid) < settings.min_valid:
@@ -155,8 +163,8 @@ def launch_command(config: DictConfig) -> tuple[str, list[str]]:
 
 
 def protocol_key(settings: WarmupSettings, agent: str, agent_cfg: AgentConfig) -> str:
-    """A short hash of everything that decides the warmed model (sampling settings excluded:
-    they do not change what is distilled)."""
+    """A short hash of everything that decides the warmed model and its check (the run's sampling
+    excluded: it changes neither what is distilled nor how the check samples)."""
     protocol = dataclasses.asdict(dataclasses.replace(agent_cfg, temperature=1.0, top_p=1.0, top_k=-1))
     text = json.dumps({"settings": dataclasses.asdict(settings), "agent": agent, "protocol": protocol}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
@@ -197,10 +205,13 @@ def _sft(settings: WarmupSettings, work: Path) -> tuple[Path, list[float]]:
     return out / f"global_step_{settings.sft_steps}" / "huggingface", losses
 
 
-def _sampling(config: DictConfig, agent_cfg: AgentConfig) -> AgentConfig:
-    """The agent with the RL rollout's sampling: what GRPO will see from the model."""
-    rollout = config.actor_rollout_ref.rollout
-    return dataclasses.replace(agent_cfg, temperature=float(rollout.temperature), top_p=float(rollout.top_p), record_token_ids=False)
+def check_sampling(settings: WarmupSettings, agent_cfg: AgentConfig) -> AgentConfig:
+    """The agent as the held-out check runs it: the warm-up's sampling, whatever the launching
+    run samples at (the cache key leaves sampling out, so a run at temperature 1 reuses the model
+    a run at 0.6 built, and the first build must not be refused for the launch's sampling)."""
+    return dataclasses.replace(
+        agent_cfg, temperature=settings.check_temperature, top_p=settings.check_top_p, top_k=-1, record_token_ids=False
+    )
 
 
 def heldout_check(model_dir: Path, agent_name: str, agent_cfg: AgentConfig, settings: WarmupSettings) -> HeldOut:
