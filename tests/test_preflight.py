@@ -65,7 +65,7 @@ def _third_party_modules() -> dict[str, str]:
                     names = [a.name for a in node.names]
                 elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                     names = [node.module]
-                elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "_package_dir":
+                elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "package_dir":
                     names = [node.args[0].value]  # asset packages located by name (infmem_verl/assets.py)
                 for name in names:
                     top = name.split(".")[0]
