@@ -334,15 +334,17 @@ def real_queries(
             return {"title": ask.title, "text": ask.text}, ask.tokens
         return paragraphs[ask.index], int(counts[ask.index])
 
-    evidence = {article(a)[0]["title"].lower(): article(a) for a in picked}
-    fill = [i for i in chosen if paragraphs[i]["title"].lower() not in evidence]
+    # One copy of each asked article (two paragraphs of one title are two articles).
+    evidence = {(a.index, a.text): article(a) for a in picked}
+    titles = {e["title"].lower() for e, _ in evidence.values()}
+    fill = [i for i in chosen if paragraphs[i]["title"].lower() not in titles]
     budget = plan.tokens - sum(n + 1 for _, n in evidence.values())
     fill = fill[: int(np.searchsorted(np.cumsum(counts[fill] + 1), budget)) + 1]
     articles = [paragraphs[i] for i in fill]
-    for a, _ in evidence.values():
-        articles.insert(rng.randrange(len(articles) + 1), a)
-    where = {a["title"].lower(): k for k, a in enumerate(articles)}
-    return RealQueries(articles, [a.query for a in picked], [where[article(a)[0]["title"].lower()] for a in picked])
+    for e, _ in evidence.values():
+        articles.insert(rng.randrange(len(articles) + 1), e)
+    where = {id(e): k for k, e in enumerate(articles)}
+    return RealQueries(articles, [a.query for a in picked], [where[id(evidence[a.index, a.text][0])] for a in picked])
 
 
 def article_block(paragraph: dict) -> str:

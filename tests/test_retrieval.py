@@ -551,6 +551,21 @@ def test_question_sets_hide_their_evidence_once_and_bm25_finds_it(tokenizer, nam
         assert units[np.argmax(sims)] in gold[dc]
 
 
+def test_an_inserted_set_keeps_two_paragraphs_of_one_title_apart(tokenizer):
+    """BoolQ holds several paragraphs of one article: asked together, each is inserted and each
+    question's target is its own paragraph; the package's article of that title leaves."""
+    from bench.retrieval import Ask, LengthPlan, QuerySet, article_block, real_queries
+
+    paragraphs = wiki_paragraphs()
+    counts = np.array([len(x) for x in tokenizer([article_block(p) for p in paragraphs], add_special_tokens=False)["input_ids"]])
+    title = paragraphs[0]["title"]
+    asks = (Ask("first question", None, title, "One paragraph of it.", 6), Ask("second question", None, title, "Another paragraph.", 5))
+    case = real_queries(paragraphs, counts, QuerySet("two", "two", asks, insert=True), LengthPlan("8K", 8000, 1, 2), random.Random(0))
+    by_query = {q: case.articles[t]["text"] for q, t in zip(case.queries, case.targets)}
+    assert by_query == {"first question": "One paragraph of it.", "second question": "Another paragraph."}
+    assert sum(a["title"] == title for a in case.articles) == 2
+
+
 def test_static_embeddings_are_idf_weighted_piece_sums():
     """A unit is the idf-weighted sum of its word pieces' distilled vectors (sublinear counts),
     normalised; a query is compared by cosine. Checked by hand on three tiny units."""

@@ -35,7 +35,7 @@ class DocumentConfig:
     # windows. On real, human-written queries at 1M tokens (``python -m bench.retrieval --sets
     # real``, recall@4): descriptions fixed 500/100 windows 0.69-0.73, paragraphs with short
     # neighbours merged up to 250 tokens 0.76-0.81, every paragraph a unit of its own 0.81-0.85;
-    # BoolQ 0.90 / 0.93 / 0.94, FanOutQA 0.73 / 0.75 / 0.75 (fixed / merged / own unit). The
+    # BoolQ 0.90 / 0.91 / 0.93, FanOutQA 0.73 / 0.75 / 0.75 (fixed / merged / own unit). The
     # reference used fixed 500-token windows.
     unit_tokens: int = 250
     unit_overlap: int = 50
@@ -98,7 +98,7 @@ class RetrievalConfig:
     # fusion of the BM25 and MiniLM rankings), "score" (``(1 - fusion_weight) * BM25 +
     # fusion_weight * cosine``, each min-max scaled over the candidates) or "dense" (cosine alone).
     # Off. Recall@4 at 1M over the default BM25 (README, three real query sets): static, score
-    # fusion w 0.3 over the top 50 gains +0.013 (BoolQ), +0.02 (FanOutQA), +0.027 (descriptions)
+    # fusion w 0.3 over the top 50 gains +0.007 (BoolQ), +0.02 (FanOutQA), +0.027 (descriptions)
     # but keeps ~3x the document's text in vectors (14 MB at 1M tokens); MiniLM over the top 50
     # gains most on questions (BoolQ 0.94 -> 0.98, FanOutQA 0.75 -> 0.90 alone) and loses on
     # descriptions (0.83 -> 0.73 alone, 0.85 at w 0.7), at 1.5-2.6 s of CPU per query while its
