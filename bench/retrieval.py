@@ -262,6 +262,11 @@ class Ask:
     text: str = ""
     tokens: int = 0
 
+    @property
+    def article_key(self) -> tuple[int | None, str]:
+        """Which article the query is asked of (two paragraphs of one title are two articles)."""
+        return self.index, self.text
+
 
 @dataclass(frozen=True)
 class QuerySet:
@@ -289,8 +294,8 @@ def boolq_set(paragraphs: Sequence[dict], tokenizer) -> QuerySet:
     for row in boolq_questions():
         first.setdefault(row["text"], row)
     rows = list(first.values())
-    counts = [len(x) for x in tokenizer([article_block(r) for r in rows], add_special_tokens=False)["input_ids"]]
-    asks = tuple(Ask(r["question"], None, r["title"], r["text"], n) for r, n in zip(rows, counts))
+    tokens = article_token_counts(tokenizer, rows)
+    asks = tuple(Ask(r["question"], None, r["title"], r["text"], int(n)) for r, n in zip(rows, tokens))
     return QuerySet("boolq", "BoolQ's Google search questions, their Wikipedia paragraph as evidence", asks, insert=True)
 
 
@@ -334,8 +339,7 @@ def real_queries(
             return {"title": ask.title, "text": ask.text}, ask.tokens
         return paragraphs[ask.index], int(counts[ask.index])
 
-    # One copy of each asked article (two paragraphs of one title are two articles).
-    evidence = {(a.index, a.text): article(a) for a in picked}
+    evidence = {a.article_key: article(a) for a in picked}  # one copy of each asked article
     titles = {e["title"].lower() for e, _ in evidence.values()}
     fill = [i for i in chosen if paragraphs[i]["title"].lower() not in titles]
     budget = plan.tokens - sum(n + 1 for _, n in evidence.values())
@@ -344,7 +348,7 @@ def real_queries(
     for e, _ in evidence.values():
         articles.insert(rng.randrange(len(articles) + 1), e)
     where = {id(e): k for k, e in enumerate(articles)}
-    return RealQueries(articles, [a.query for a in picked], [where[id(evidence[a.index, a.text][0])] for a in picked])
+    return RealQueries(articles, [a.query for a in picked], [where[id(evidence[a.article_key][0])] for a in picked])
 
 
 def article_block(paragraph: dict) -> str:
@@ -352,6 +356,12 @@ def article_block(paragraph: dict) -> str:
     paragraph: the document's paragraph starts are then the article starts."""
     text = re.sub(r"\n\s*\n", "\n", paragraph["text"])
     return f"{paragraph['title']}\n{text}" if paragraph["title"] else text
+
+
+def article_token_counts(tokenizer, articles: Sequence[dict]) -> np.ndarray:
+    """Tokens of each article as :func:`article_block` renders it."""
+    ids = tokenizer([article_block(a) for a in articles], add_special_tokens=False)["input_ids"]
+    return np.array([len(x) for x in ids], dtype=np.int64)
 
 
 def real_document(tokenizer, rq: RealQueries, doc_cfg: DocumentConfig) -> tuple[Document, list[np.ndarray]]:
@@ -684,9 +694,9 @@ def print_real(title: str, results: dict[str, dict[str, Tally]]) -> None:
 def real(args: argparse.Namespace, tokenizer, paragraphs: Sequence[dict], qset: QuerySet) -> None:
     """Recall of every variant on one set of real queries, with its cost."""
     plan = REAL_QUICK_PLAN if args.quick else REAL_PLAN
-    counts = np.array([len(x) for x in tokenizer([article_block(p) for p in paragraphs], add_special_tokens=False)["input_ids"]])
+    counts = article_token_counts(tokenizer, paragraphs)
     rng = random.Random(SEED)
-    print(f"\nReal-use queries, {qset.name}: {len(qset.asks)} queries, {len({a.index if a.index is not None else a.text for a in qset.asks})} articles; seed {SEED}")
+    print(f"\nReal-use queries, {qset.name}: {len(qset.asks)} queries, {len({a.article_key for a in qset.asks})} articles; seed {SEED}")
     models = [m for m in args.dense_models.split(",") if m]
     base = dataclasses.asdict({**BM25_SETTINGS, **ANALYZER_SETTINGS}[args.dense_bm25])
     dense_cfgs = {m: RetrievalConfig(**{**base, "rerank": True, "rerank_model": m}) for m in models}
@@ -771,12 +781,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="templated set: measure rerank recall only on haystacks up to this size",
     )
     parser.add_argument(
-        "--dense-queries", type=int, default=40, help="real set: queries per haystack run through MiniLM (0: none)"
+        "--dense-queries", type=int, default=40, help="real sets: queries per haystack run through MiniLM (0: none)"
     )
     parser.add_argument(
-        "--dense-models", default="static,minilm", help="real set: comma-separated dense stages compared (static, minilm)"
+        "--dense-models", default="static,minilm", help="real sets: comma-separated dense stages compared (static, minilm)"
     )
-    parser.add_argument("--dense-units", default="para<=250 unmerged", choices=list(UNIT_SCHEMES), help="real set: units of the dense stage")
+    parser.add_argument("--dense-units", default="para<=250 unmerged", choices=list(UNIT_SCHEMES), help="real sets: units of the dense stage")
     parser.add_argument(
         "--dense-bm25", default="k1=0.9 b=0.4 + bigrams 0.25", choices=[*BM25_SETTINGS, *ANALYZER_SETTINGS], help="real sets: BM25 of the dense stage"
     )

@@ -451,10 +451,10 @@ def test_units_of_a_real_document(tokenizer, units):
 def described_case(tokenizer):
     """A fixed real-query case: ~8K tokens of Wikipedia articles rendered as training documents
     are, 24 of them asked by the short description their editors wrote (the benchmark's set)."""
-    from bench.retrieval import LengthPlan, article_block, description_set, real_queries
+    from bench.retrieval import LengthPlan, article_token_counts, description_set, real_queries
 
     paragraphs = wiki_paragraphs()
-    counts = np.array([len(x) for x in tokenizer([article_block(p) for p in paragraphs], add_special_tokens=False)["input_ids"]])
+    counts = article_token_counts(tokenizer, paragraphs)
     return real_queries(paragraphs, counts, description_set(paragraphs), LengthPlan("8K", 8000, 1, 24), random.Random(0))
 
 
@@ -525,10 +525,10 @@ def test_question_sets_hide_their_evidence_once_and_bm25_finds_it(tokenizer, nam
     paragraph, FanOutQA's sub-questions with their article), on a fixed ~8K-token case: each
     asked article is inserted exactly once (no package article of the same title stays), the
     haystack keeps its length, and the default retriever ranks almost every article first."""
-    from bench.retrieval import REAL_SETS, LengthPlan, article_block, real_document, real_queries
+    from bench.retrieval import REAL_SETS, LengthPlan, article_token_counts, real_document, real_queries
 
     paragraphs = wiki_paragraphs()
-    counts = np.array([len(x) for x in tokenizer([article_block(p) for p in paragraphs], add_special_tokens=False)["input_ids"]])
+    counts = article_token_counts(tokenizer, paragraphs)
     qset = REAL_SETS[name](paragraphs, tokenizer)
     assert len(qset.asks) == {"boolq": 2938, "fanoutqa": 542}[name]  # distinct paragraphs / (question, article) pairs
     case = real_queries(paragraphs, counts, qset, LengthPlan("8K", 8000, 1, 24), random.Random(0))
@@ -554,10 +554,10 @@ def test_question_sets_hide_their_evidence_once_and_bm25_finds_it(tokenizer, nam
 def test_an_inserted_set_keeps_two_paragraphs_of_one_title_apart(tokenizer):
     """BoolQ holds several paragraphs of one article: asked together, each is inserted and each
     question's target is its own paragraph; the package's article of that title leaves."""
-    from bench.retrieval import Ask, LengthPlan, QuerySet, article_block, real_queries
+    from bench.retrieval import Ask, LengthPlan, QuerySet, article_token_counts, real_queries
 
     paragraphs = wiki_paragraphs()
-    counts = np.array([len(x) for x in tokenizer([article_block(p) for p in paragraphs], add_special_tokens=False)["input_ids"]])
+    counts = article_token_counts(tokenizer, paragraphs)
     title = paragraphs[0]["title"]
     asks = (Ask("first question", None, title, "One paragraph of it.", 6), Ask("second question", None, title, "Another paragraph.", 5))
     case = real_queries(paragraphs, counts, QuerySet("two", "two", asks, insert=True), LengthPlan("8K", 8000, 1, 2), random.Random(0))

@@ -13,10 +13,10 @@ in miniature:
    those calls through ``python -m infmem_verl.sft +recipe=sft_warmup`` (the CPU loop);
 3. **check** - the SFT model runs the recipe's agent on held-out synthetic documents (another
    seed), sampled at the warm-up's own ``check_temperature`` / ``check_top_p`` (Qwen3's
-   thinking-mode 0.6 / 0.95), not at the launching run's: the cached model and its report are
-   then the same whichever run built them. It measures the share of PreThink turns whose action parsed and of
-   Writes that closed their thinking within the memory cap (the protocol reward's definitions),
-   retrieval, early stopping and accuracy are measured. A model under ``min_valid`` on either
+   thinking-mode 0.6 / 0.95), not at the launching run's, so the cached model and its report
+   are the same whichever run built them. It measures the share of PreThink turns whose action
+   parsed and of Writes that closed their thinking within the memory cap (the protocol reward's
+   definitions), retrieval, early stopping and accuracy. A model under ``min_valid`` on either
    rate is refused, so a run never starts RL from a model that cannot follow the protocol.
 
 Everything lives in ``<cache>/warm-qwen3-<key>/`` (``INFMEM_CACHE``, default
