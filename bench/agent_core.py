@@ -234,7 +234,7 @@ def bench_build(ids: np.ndarray, tokenizer, cfg: AgentConfig) -> tuple[Document,
     get_analyzer.cache_clear()
     document, cut_s = timed(lambda: Document.from_ids(ids, tokenizer, cfg.document))
     # The index decodes the units itself, batch by batch, while it analyzes them.
-    index, index_s = timed(lambda: BM25Index.build(document.unit_texts(), cfg.retrieval))
+    index, index_s = timed(lambda: BM25Index.of_document(document, cfg.retrieval))
     units, decode_s = timed(lambda: list(document.unit_texts()))
     _, ref_s = timed(lambda: reference_whitespace(units))
     rows = [
@@ -385,12 +385,12 @@ def stage_breakdown(agent: AgentLoop, policy, sample: dict) -> tuple[list[tuple[
         state["doc"] = Document.from_ids(state.pop("ids"), tokenizer, cfg.document)
 
     def index() -> None:
-        state["index"] = BM25Index.build(state["doc"].unit_texts(), cfg.retrieval)
+        state["index"] = BM25Index.of_document(state["doc"], cfg.retrieval)
 
     steps = [
         ("tokenize_document", lambda: state.update(ids=tokenize_document(text, tokenizer))),
         ("Document.from_ids (cut)", cut),
-        ("BM25Index.build (units decoded on the fly, warm stems)", index),
+        ("BM25Index.of_document (units and headings decoded on the fly, warm stems)", index),
     ]
     result = [(name, measured(fn)) for name, fn in steps]
     doc, weights = state["doc"], state["index"].scorer.weights

@@ -416,18 +416,18 @@ def reference_characters(units: Sequence[str]) -> Retriever:
 def variants(rerank: bool) -> dict[str, Builder]:
     """Every compared retriever by name; ours first, the reference's last."""
     table: dict[str, Builder] = {
-        "words": ours(RetrievalConfig(stem=False, stopwords=False, bigram_weight=0)),
-        "words+stop": ours(RetrievalConfig(stem=False, stopwords=True, bigram_weight=0)),
-        "words+stem": ours(RetrievalConfig(stem=True, stopwords=False, bigram_weight=0)),
-        "words+stem+stop (k1=1.2 b=0.75)": ours(RetrievalConfig(stem=True, stopwords=True, k1=1.2, b=0.75, bigram_weight=0)),
+        "words": ours(RetrievalConfig(stem=False, stopwords=False, bigram_weight=0, heading_weight=0)),
+        "words+stop": ours(RetrievalConfig(stem=False, stopwords=True, bigram_weight=0, heading_weight=0)),
+        "words+stem": ours(RetrievalConfig(stem=True, stopwords=False, bigram_weight=0, heading_weight=0)),
+        "words+stem+stop (k1=1.2 b=0.75)": ours(RetrievalConfig(stem=True, stopwords=True, k1=1.2, b=0.75, bigram_weight=0, heading_weight=0)),
     }
     for k1, b in ((0.9, 0.4), (1.2, 0.3), (1.2, 0.5), (1.2, 0.9), (1.5, 0.75), (2.0, 0.75)):
-        table[f"stem+stop k1={k1} b={b}"] = ours(RetrievalConfig(k1=k1, b=b, bigram_weight=0))
+        table[f"stem+stop k1={k1} b={b}"] = ours(RetrievalConfig(k1=k1, b=b, bigram_weight=0, heading_weight=0))
     for weight in (0.25, 0.5):
-        table[f"stem+stop k1=0.9 b=0.4 + bigrams {weight}"] = ours(RetrievalConfig(k1=0.9, b=0.4, bigram_weight=weight))
-    table["rank_bm25 backend, stem+stop"] = ours(RetrievalConfig(backend="rank_bm25", bigram_weight=0))
+        table[f"stem+stop k1=0.9 b=0.4 + bigrams {weight}"] = ours(RetrievalConfig(k1=0.9, b=0.4, bigram_weight=weight, heading_weight=0))
+    table["rank_bm25 backend, stem+stop"] = ours(RetrievalConfig(backend="rank_bm25", bigram_weight=0, heading_weight=0))
     table["rank_bm25 words k1=1.5 (~eval HEAD)"] = ours(
-        RetrievalConfig(backend="rank_bm25", stem=False, stopwords=False, k1=1.5, bigram_weight=0)
+        RetrievalConfig(backend="rank_bm25", stem=False, stopwords=False, k1=1.5, bigram_weight=0, heading_weight=0)
     )
     if rerank:
         table["stem+stop + MiniLM rerank c=32"] = ours(RetrievalConfig(rerank=True, rerank_model="minilm", rerank_candidates=32))
@@ -467,8 +467,8 @@ def speed(hay: Haystack, rollouts: int = 4) -> None:
     print(f"{'':32s} {'build s':>8s} {'ms/query':>9s}")
     for name, build in (
         ("ours sparse (default)", ours(RetrievalConfig())),
-        ("ours sparse, no bigrams", ours(RetrievalConfig(bigram_weight=0))),
-        ("ours rank_bm25 (stem+stop)", ours(RetrievalConfig(backend="rank_bm25", bigram_weight=0))),
+        ("ours sparse, no bigrams", ours(RetrievalConfig(bigram_weight=0, heading_weight=0))),
+        ("ours rank_bm25 (stem+stop)", ours(RetrievalConfig(backend="rank_bm25", bigram_weight=0, heading_weight=0))),
         ("REF whitespace BM25Okapi", reference_whitespace),
     ):
         get_analyzer.cache_clear()  # a cold analyzer: the build pays for stemming the vocabulary
@@ -549,20 +549,24 @@ UNIT_SCHEMES: dict[str, DocumentConfig] = {
     "para<=500 unmerged": DocumentConfig(unit_tokens=500, unit_overlap=100, paragraph_units=True, merge_paragraphs=False),
 }
 BM25_SETTINGS: dict[str, RetrievalConfig] = {
-    "k1=1.2 b=0.75": RetrievalConfig(k1=1.2, b=0.75, bigram_weight=0),
-    "k1=0.9 b=0.4": RetrievalConfig(k1=0.9, b=0.4, bigram_weight=0),
-    "k1=1.2 b=0.3": RetrievalConfig(k1=1.2, b=0.3, bigram_weight=0),
-    "k1=1.5 b=0.75": RetrievalConfig(k1=1.5, b=0.75, bigram_weight=0),
-    "k1=2.0 b=0.75": RetrievalConfig(k1=2.0, b=0.75, bigram_weight=0),
+    "k1=1.2 b=0.75": RetrievalConfig(k1=1.2, b=0.75, bigram_weight=0, heading_weight=0),
+    "k1=0.9 b=0.4": RetrievalConfig(k1=0.9, b=0.4, bigram_weight=0, heading_weight=0),
+    "k1=1.2 b=0.3": RetrievalConfig(k1=1.2, b=0.3, bigram_weight=0, heading_weight=0),
+    "k1=1.5 b=0.75": RetrievalConfig(k1=1.5, b=0.75, bigram_weight=0, heading_weight=0),
+    "k1=2.0 b=0.75": RetrievalConfig(k1=2.0, b=0.75, bigram_weight=0, heading_weight=0),
 }
 # Analyzer, bigram and backend variants, measured on the default units only.
 ANALYZER_SETTINGS: dict[str, RetrievalConfig] = {
-    "words (no stem, no stop)": RetrievalConfig(stem=False, stopwords=False, bigram_weight=0),
-    "stem, no stop": RetrievalConfig(stopwords=False, bigram_weight=0),
-    "k1=0.9 b=0.4 + bigrams 0.25": RetrievalConfig(k1=0.9, b=0.4, bigram_weight=0.25),
-    "k1=0.9 b=0.4 + bigrams 0.5": RetrievalConfig(k1=0.9, b=0.4, bigram_weight=0.5),
-    "k1=0.9 b=0.4 + bigrams 1.0": RetrievalConfig(k1=0.9, b=0.4, bigram_weight=1.0),
-    "rank_bm25 words k1=1.5 (paper eval)": RetrievalConfig(backend="rank_bm25", stem=False, stopwords=False, k1=1.5, bigram_weight=0),
+    "words (no stem, no stop)": RetrievalConfig(stem=False, stopwords=False, bigram_weight=0, heading_weight=0),
+    "stem, no stop": RetrievalConfig(stopwords=False, bigram_weight=0, heading_weight=0),
+    "k1=0.9 b=0.4 + bigrams 0.25": RetrievalConfig(k1=0.9, b=0.4, bigram_weight=0.25, heading_weight=0),
+    "k1=0.9 b=0.4 + bigrams 0.5": RetrievalConfig(k1=0.9, b=0.4, bigram_weight=0.5, heading_weight=0),
+    "k1=0.9 b=0.4 + bigrams 1.0": RetrievalConfig(k1=0.9, b=0.4, bigram_weight=1.0, heading_weight=0),
+    **{
+        f"k1=0.9 b=0.4 + bigrams 0.25 + headings {w}": RetrievalConfig(k1=0.9, b=0.4, bigram_weight=0.25, heading_weight=w)
+        for w in (0.25, 0.5, 0.75, 1.0, 2.0)
+    },
+    "rank_bm25 words k1=1.5 (paper eval)": RetrievalConfig(backend="rank_bm25", stem=False, stopwords=False, k1=1.5, bigram_weight=0, heading_weight=0),
 }
 # Candidates BM25 passes to each dense stage, and the fusions compared over them.
 DENSE_CANDIDATES = {"static": (50, 200), "minilm": (20, 50)}
@@ -606,12 +610,15 @@ def _hits(tops: Sequence[np.ndarray], gold: Sequence[np.ndarray]) -> np.ndarray:
     return np.array([[np.isin(top[:k], g).any() for k in KS] for top, g in zip(tops, gold)]).sum(0)
 
 
-def measure_bm25(units: Sequence[str], cfg: RetrievalConfig, queries: Sequence[str], gold: Sequence[np.ndarray], tally: Tally) -> None:
-    """Build ``cfg``'s index over ``units`` (a cold analyzer: the build stems the vocabulary) and
-    run every query through ``BM25Index.search``."""
+def measure_bm25(
+    doc: Document, units: Sequence[str], cfg: RetrievalConfig, queries: Sequence[str], gold: Sequence[np.ndarray], tally: Tally
+) -> None:
+    """Build ``cfg``'s index over ``units`` of ``doc`` (a cold analyzer: the build stems the
+    vocabulary; headings read from the document when scored) and run every query through
+    ``BM25Index.search``."""
     get_analyzer.cache_clear()
     with Clock() as build:
-        index = BM25Index.build(units, cfg)
+        index = BM25Index.build(units, cfg, doc.unit_headings() if cfg.heading_weight > 0 else None)
     with Clock() as query:
         tops = [np.array([h.unit for h in index.search(q, max(KS))], dtype=np.int64) for q in queries]
     tally.add(_hits(tops, gold), len(queries))
@@ -620,7 +627,12 @@ def measure_bm25(units: Sequence[str], cfg: RetrievalConfig, queries: Sequence[s
 
 
 def measure_dense(
-    units: Sequence[str], cfg: RetrievalConfig, queries: Sequence[str], gold: Sequence[np.ndarray], tallies: dict[str, Tally]
+    doc: Document,
+    units: Sequence[str],
+    cfg: RetrievalConfig,
+    queries: Sequence[str],
+    gold: Sequence[np.ndarray],
+    tallies: dict[str, Tally],
 ) -> None:
     """Every (candidates, fusion) of ``cfg.rerank_model``'s dense stage over one index and one
     embedding cache.
@@ -632,8 +644,9 @@ def measure_dense(
     from infmem_verl.agent.rerank import fuse
 
     model = cfg.rerank_model
-    index = BM25Index.build(units, cfg)  # its embeddings; the pools are BM25's own order
-    plain = BM25Index.build(units, dataclasses.replace(cfg, rerank=False))
+    headings = doc.unit_headings() if cfg.heading_weight > 0 else None
+    index = BM25Index.build(units, cfg, headings)  # its embeddings; the pools are BM25's own order
+    plain = BM25Index.build(units, dataclasses.replace(cfg, rerank=False), headings)
     pools = [plain.search(q, max(DENSE_CANDIDATES[model])) for q in queries]
     pool_units = [np.array([h.unit for h in pool], dtype=np.int64) for pool in pools]
     with Clock() as build:
@@ -710,12 +723,12 @@ def real(args: argparse.Namespace, tokenizer, paragraphs: Sequence[dict], qset: 
                 units = list(doc.unit_texts())
                 settings = {**BM25_SETTINGS, **(ANALYZER_SETTINGS if scheme == args.dense_units else {})}
                 for setting, cfg in settings.items():
-                    measure_bm25(units, cfg, rq.queries, gold, bm25.setdefault(length.label, {}).setdefault(f"{scheme} | {setting}", Tally()))
+                    measure_bm25(doc, units, cfg, rq.queries, gold, bm25.setdefault(length.label, {}).setdefault(f"{scheme} | {setting}", Tally()))
                 for model, dense_cfg in dense_cfgs.items() if scheme == args.dense_units else ():
                     # The static stage is cheap enough for every query; MiniLM gets a subset.
                     n = len(rq.queries) if model == "static" else min(args.dense_queries, len(rq.queries))
                     if n:
-                        measure_dense(units, dense_cfg, rq.queries[:n], gold[:n], dense.setdefault(length.label, {}))
+                        measure_dense(doc, units, dense_cfg, rq.queries[:n], gold[:n], dense.setdefault(length.label, {}))
             print(f"{length.label}: haystack of {doc.num_tokens:,} tokens, {len(rq.articles)} articles, {len(rq.queries)} queries", flush=True)
     print_real(f"Recall of the queried article, {qset.title}: BM25", bm25)
     if dense:

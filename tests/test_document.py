@@ -14,7 +14,7 @@ from tokenizers import pre_tokenizers
 from infmem_verl.agent import document as document_module
 from infmem_verl.agent.config import DocumentConfig
 from infmem_verl.agent.errors import ConfigError
-from infmem_verl.agent.document import Document, UnitTexts, split_safe, text_digest, tokenize_document
+from infmem_verl.agent.document import Document, UnitTexts, paragraph_heading, split_safe, text_digest, tokenize_document
 from infmem_verl.assets import wiki_paragraphs
 
 
@@ -307,6 +307,41 @@ def test_paragraph_units_from_ids(tokenizer):
     # Unmerged, the two short paragraphs of chunk 0 are units of their own; nothing else changes.
     unmerged = Document.from_ids(np.arange(250), tokenizer, dataclasses.replace(cfg, merge_paragraphs=False), [10, 20, 90, 180])
     assert unmerged.unit_bounds.tolist() == [[0, 10], [10, 20], *doc.unit_bounds.tolist()[1:]]
+
+
+@pytest.mark.parametrize(
+    "paragraph,heading",
+    [
+        ("Document 12:\nStanley Kubrick\nStanley Kubrick was an American film director.", "Stanley Kubrick"),
+        ("Macau\nMacau is a special administrative region of China.", "Macau"),
+        ("Macau is a special administrative region of China.", ""),  # one line: no heading
+        ("Macau is a special administrative region of China, on the western side of the Pearl River Delta.\nMore.", ""),
+        ("Part one\nChapter 3\nIt was a dark night.", "Part one Chapter 3"),
+        ("Document 3:\nMacau", ""),  # the last line may be cut short: never taken
+    ],
+)
+def test_paragraph_heading_is_its_leading_short_lines(paragraph, heading):
+    assert paragraph_heading(paragraph) == heading
+
+
+def test_every_unit_carries_the_heading_of_its_paragraph(tokenizer):
+    """Titles reach the windows of a long article, and its part past a chunk boundary; paragraphs
+    without a title line, and documents without known paragraphs, have none."""
+    italy = next(p for p in wiki_paragraphs() if p["title"] == "Italy")
+    milan = next(p for p in wiki_paragraphs() if p["title"] == "Milan")
+    plain = "A paragraph without a title line, which starts with its first sentence at once."
+    text = f"Document 1:\nItaly\n{italy['text']}\n\nDocument 2:\nMilan\n{milan['text']}\n\n{plain}"
+    cfg = DocumentConfig(chunk_tokens=128, unit_tokens=40, unit_overlap=8)
+    doc = Document.from_text(text, tokenizer, cfg)
+    headings = doc.unit_headings()
+    starts = doc.paragraph_starts.tolist()
+    owner = [sum(s <= a for s in starts) - 1 for a in doc.unit_bounds[:, 0].tolist()]
+    assert headings == [["Italy", "Milan", ""][p] for p in owner]
+    texts = doc.unit_texts()
+    untitled = [u for u, p in enumerate(owner) if p == 0 and "Italy\n" not in texts[u]]
+    assert len(untitled) >= 3 and doc.unit_chunk[untitled[-1]] >= 1  # windows past the title and the chunk edge
+    unknown = Document.from_ids(doc.ids, tokenizer, cfg)  # no paragraph starts: fixed windows, no headings
+    assert unknown.unit_headings() == [""] * unknown.num_units
 
 
 def test_one_million_token_document(tokenizer):

@@ -21,7 +21,7 @@ from infmem_verl.assets import wiki_paragraphs
 
 ANALYZER_FLAGS = [(False, False), (False, True), (True, False), (True, True)]
 # Each backend's config: BM25Okapi scores words only, so it takes no bigram weight.
-BACKENDS = {"sparse": RetrievalConfig(), "rank_bm25": RetrievalConfig(backend="rank_bm25", bigram_weight=0)}
+BACKENDS = {"sparse": RetrievalConfig(), "rank_bm25": RetrievalConfig(backend="rank_bm25", bigram_weight=0, heading_weight=0)}
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +118,7 @@ def test_common_words_still_score(units):
     """
     big_units = ["\n\n".join(units[i : i + 40]) for i in range(0, 400, 40)]
     sparse = BM25Index.build(big_units, RetrievalConfig(stopwords=False))
-    okapi = BM25Index.build(big_units, RetrievalConfig(backend="rank_bm25", stopwords=False, bigram_weight=0))
+    okapi = BM25Index.build(big_units, RetrievalConfig(backend="rank_bm25", stopwords=False, bigram_weight=0, heading_weight=0))
     words = _surface_words(big_units)
     unit_terms = [set(sparse.analyzer.analyze(t)) for t in big_units]
     df = Counter(term for terms in unit_terms for term in terms)
@@ -164,6 +164,67 @@ def test_sparse_scores_match_bm25_formula(units, bigram_weight):
     expected = np.array(words) + bigram_weight * np.array(phrases)
     assert sum(p > 0 for p in phrases) >= 3  # the query's pairs do occur in the paragraphs
     np.testing.assert_allclose(index.scores(query), expected, rtol=1e-5)
+
+
+def test_heading_field_matches_bm25_formula(units):
+    """Words, plus ``heading_weight`` times BM25 over each unit's heading terms, with the body's idf
+    and the headings' own length normalisation (b = HEADING_B); units without one add nothing."""
+    articles = {p["title"]: p["text"] for p in wiki_paragraphs()}
+    docs = [articles["Italy"], articles["Milan"], *units[:58]]
+    headings = ["Italy", "Italy", "Renaissance architecture in Italy", "", "Milan", *[""] * 55]
+    cfg = RetrievalConfig(k1=1.2, b=0.5, bigram_weight=0, heading_weight=0.75)
+    index = BM25Index.build(docs, cfg, headings)
+    words = BM25Index.build(docs, RetrievalConfig(k1=1.2, b=0.5, bigram_weight=0, heading_weight=0))
+    query = "What is the population of Italy and of Milan?"
+    terms = index.analyzer.analyze(query)
+    unit_terms = [Counter(index.analyzer.analyze(t)) for t in docs]
+    heading_terms = [Counter(index.analyzer.analyze(h)) for h in headings]
+    lengths = np.array([sum(h.values()) for h in heading_terms])
+    avg = lengths[lengths > 0].mean()
+    expected = []
+    for heading, length in zip(heading_terms, lengths):
+        score = 0.0
+        for term in terms:
+            df = sum(term in u for u in unit_terms)  # the body's document frequency
+            idf = math.log(1 + (len(docs) - df + 0.5) / (df + 0.5))
+            tf = heading[term]
+            score += idf * tf * (cfg.k1 + 1) / (tf + cfg.k1 * (1 - retrieval_module.HEADING_B + retrieval_module.HEADING_B * length / avg))
+        expected.append(score)
+    assert all(term in sum(unit_terms, Counter()) for term in ("itali", "milan"))  # the body knows the title words
+    np.testing.assert_allclose(index.scores(query), words.scores(query) + 0.75 * np.array(expected), rtol=1e-5)
+    # The shorter heading holding "Italy" weighs more than the longer one; no heading, no addition.
+    added = index.scores(query) - words.scores(query)
+    assert added[0] == added[1] > added[2] > 0 and added[3] == 0 and added[4] > 0
+    # Without headings given, the weight changes nothing.
+    np.testing.assert_allclose(BM25Index.build(docs, cfg).scores(query), words.scores(query))
+
+
+def test_headings_rank_the_article_a_question_names_first(tokenizer):
+    """On a fixed real case (32K tokens, FanOutQA's human-written sub-questions), the title over an
+    article lifts it above the articles that merely mention its subject; every title comes from
+    the document itself (``BM25Index.of_document``, the path rollouts take)."""
+    from bench.retrieval import REAL_SETS, LengthPlan, article_block, article_token_counts, real_document, real_queries
+    from infmem_verl.agent.cache import DocumentCache
+
+    paragraphs = wiki_paragraphs()
+    counts = article_token_counts(tokenizer, paragraphs)
+    case = real_queries(paragraphs, counts, REAL_SETS["fanoutqa"](paragraphs, tokenizer), LengthPlan("32K", 32000, 1, 24), random.Random(0))
+    doc, gold = real_document(tokenizer, case, DocumentConfig(chunk_tokens=2000))
+    ranks = {}
+    for name, weight in (("words", 0.0), ("headings", RetrievalConfig().heading_weight)):
+        index = BM25Index.of_document(doc, RetrievalConfig(heading_weight=weight))
+        ranks[name] = dict(zip(case.queries, _ranks([[h.unit for h in index.search(q, 8)] for q in case.queries], gold)))
+    # The rollouts' document cache prepares the same index from the text.
+    text = "\n\n".join(article_block(a) for a in case.articles)
+    prepared = DocumentCache(tokenizer, DocumentConfig(chunk_tokens=2000), RetrievalConfig()).prepare(text, with_index=True)
+    np.testing.assert_array_equal(prepared.index.scores(case.queries[0]), index.scores(case.queries[0]))
+    first = {name: sum(r == 1 for r in by_query.values()) for name, by_query in ranks.items()}
+    assert first["headings"] >= first["words"] + 3 >= 21, first
+    for query in ("What is the signed form of Hindi called?", "Was Venus discovered after 1700 and if so, who discovered it?",
+                  "What is the largest city of United States?"):  # fmt: skip
+        assert ranks["words"][query] > 1 and ranks["headings"][query] == 1, query
+    # FanOutQA's evidence is wrong here (it names Germany for Greece): neither finds it.
+    assert ranks["words"]["Who is the head of state of Greece?"] is ranks["headings"]["Who is the head of state of Greece?"] is None
 
 
 def test_bigrams_rank_the_words_in_query_order_first(units):
@@ -243,7 +304,13 @@ def test_bad_input_is_rejected(index):
     with pytest.raises(ConfigError, match="retrieval.bigram_weight: expected a number >= 0"):
         BM25Index.build(["some text"], RetrievalConfig(bigram_weight=-0.5))
     with pytest.raises(ConfigError, match="retrieval.bigram_weight: expected 0 with backend 'rank_bm25'"):
-        BM25Index.build(["some text"], RetrievalConfig(backend="rank_bm25", bigram_weight=0.25))
+        BM25Index.build(["some text"], RetrievalConfig(backend="rank_bm25", bigram_weight=0.25, heading_weight=0))
+    with pytest.raises(ConfigError, match="retrieval.heading_weight: expected a number >= 0"):
+        BM25Index.build(["some text"], RetrievalConfig(heading_weight=-1.0))
+    with pytest.raises(ConfigError, match="retrieval.heading_weight: expected 0 with backend 'rank_bm25'"):
+        BM25Index.build(["some text"], RetrievalConfig(backend="rank_bm25", bigram_weight=0))
+    with pytest.raises(ValueError, match=r"heading_terms: expected one entry per unit \(2\), got 1"):
+        BM25Index.build(["some text", "more text"], RetrievalConfig(), unit_headings=["Some"])
 
 
 def _one_pass_sparse(unit_terms: list[list[str]], k1: float, b: float) -> tuple[dict, scipy.sparse.csr_matrix]:

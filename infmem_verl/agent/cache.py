@@ -56,7 +56,7 @@ class DocumentCache:
         # The tokenizer's own threads freed its encodings into their arenas, where the index
         # build (on this thread) cannot reuse them: hand them back before building.
         release_free_memory()
-        index = BM25Index.build(document.unit_texts(), self.retrieval_cfg) if with_index else None
+        index = BM25Index.of_document(document, self.retrieval_cfg) if with_index else None
         self.builds += 1
         release_free_memory()
         return PreparedDocument(document, index)

@@ -70,6 +70,9 @@ _HASH_CHARS = 1 << 18
 # Units decoded per batch when unit texts are iterated. The decoder takes lists of Python ints
 # (32 bytes per token), so a batch of 64 500-token units costs about 1 MiB while it is decoded.
 _DECODE_UNITS = 64
+# A paragraph's heading is read from its first this many tokens, and holds at most this many words.
+_HEADING_TOKENS = 48
+HEADING_WORDS = 16
 
 
 def text_digest(text: str) -> str:
@@ -363,6 +366,25 @@ class Document:
         :class:`UnitTexts`): building the BM25 index reads each once, a reranker a few."""
         return UnitTexts(self)
 
+    def unit_headings(self) -> list[str]:
+        """Per unit, the heading of the paragraph it starts in (:func:`paragraph_heading`), ``""``
+        where that paragraph has none or paragraphs are unknown.
+
+        A unit cut from the middle of a long article, or from its part past a chunk boundary,
+        holds none of the article's title; retrieval scores the title for it all the same
+        (``retrieval.heading_weight``). Decoded from each paragraph's first tokens, not kept.
+        """
+        if self.paragraph_starts is None:
+            return [""] * self.num_units
+        starts = self.paragraph_starts
+        ends = np.minimum(np.append(starts[1:], self.num_tokens), starts + _HEADING_TOKENS)
+        seqs = [self.ids[a:b].tolist() for a, b in zip(starts, ends)]
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        decode = backend.decode_batch if backend is not None else self.tokenizer.batch_decode
+        headings = [paragraph_heading(text) for text in decode(seqs, skip_special_tokens=False)]
+        owner = np.searchsorted(starts, self.unit_bounds[:, 0], side="right") - 1
+        return [headings[p] for p in owner]
+
     def units_mask(self, first_chunk: int, last_chunk: int) -> np.ndarray:
         """Boolean mask over units lying in chunks ``first_chunk..last_chunk`` (inclusive)."""
         _check_index(first_chunk, self.num_chunks, "first_chunk")
@@ -370,6 +392,30 @@ class Document:
         if last_chunk < first_chunk:
             raise ValueError(f"last_chunk: expected >= first_chunk={first_chunk}, got {last_chunk}")
         return (self.unit_chunk >= first_chunk) & (self.unit_chunk <= last_chunk)
+
+
+def paragraph_heading(text: str) -> str:
+    """The heading of a paragraph: its leading short lines when more text follows, else ``""``.
+
+    Lines are taken while the words taken stay within :data:`HEADING_WORDS`; a line ending in
+    ``:`` is a label, not part of the heading. So the training documents' ``"Document 12:\n
+    Stanley Kubrick\nStanley Kubrick was..."`` has the heading ``"Stanley Kubrick"`` (a number
+    from the label would otherwise match years and counts in queries), a title line over an
+    article's text is its heading, and a paragraph of one line, or starting with a sentence, has
+    none. Only the last line may be cut short, so it is never taken.
+    """
+    lines = text.split("\n")[:-1]
+    heading: list[str] = []
+    words = 0
+    for line in lines:
+        line = line.strip()
+        if line.endswith(":") and not heading:
+            continue
+        words += len(line.split())
+        if not line or words > HEADING_WORDS:
+            break
+        heading.append(line)
+    return " ".join(heading)
 
 
 class UnitTexts(Sequence[str]):

@@ -28,6 +28,7 @@ import numpy as np
 import scipy.sparse
 
 from infmem_verl.agent.config import RetrievalConfig
+from infmem_verl.agent.document import Document
 from infmem_verl.agent.whitespace import WhitespaceAnalyzer
 
 # Words: runs of letters/digits of any script, except CJK (handled below); anything else
@@ -169,7 +170,15 @@ class SparseBM25:
     frequency and counts are exact.
     """
 
-    def __init__(self, unit_terms: Iterable[Sequence[str]], k1: float, b: float, bigram_weight: float = 0.0) -> None:
+    def __init__(
+        self,
+        unit_terms: Iterable[Sequence[str]],
+        k1: float,
+        b: float,
+        bigram_weight: float = 0.0,
+        heading_terms: Sequence[Sequence[str]] | None = None,
+        heading_weight: float = 0.0,
+    ) -> None:
         # Streamed: one unit's terms at a time become its distinct term ids and their counts, so
         # memory grows with the matrix, not with the document's tokens.
         self.vocab: dict[str, int] = {}
@@ -201,9 +210,14 @@ class SparseBM25:
         unit_lengths = np.asarray(lengths, dtype=np.int64)
         avgdl = max(float(unit_lengths.mean()), 1.0) if n_units else 1.0
         self.norm = k1 * (1.0 - b + b * unit_lengths / avgdl)
-        _bm25_weights(tf, self.norm, k1)
+        self.idf = _idf(tf)
+        _bm25_weights(tf, self.idf, self.norm, k1)
         self.weights = tf
         self.n_units = n_units
+        self.heading_weight = float(heading_weight)
+        self.headings = None
+        if self.heading_weight > 0 and heading_terms is not None:
+            self.headings = self._heading_matrix(heading_terms, k1)
         self.term_sequence = _joined(sequence)
         self.unit_lengths = unit_lengths
         # Position in term_sequence of each unit's first term (each unit's terms, then -1).
@@ -217,9 +231,39 @@ class SparseBM25:
             uniq, counts = np.unique(present, return_counts=True)
             # Repeated query terms count once per occurrence, as in BM25Okapi.
             scores += np.asarray(self.weights[uniq].T @ counts.astype(np.float32), dtype=np.float64)
+            if self.headings is not None:
+                scores += self.heading_weight * np.asarray(self.headings[uniq].T @ counts.astype(np.float32), dtype=np.float64)
         if self.bigram_weight > 0:
             scores += self.bigram_weight * self._pair_scores(ids)
         return scores
+
+    def _heading_matrix(self, heading_terms: Sequence[Sequence[str]], k1: float) -> scipy.sparse.csr_matrix:
+        """BM25 weights of each unit's heading terms, term by unit, as one more field of the unit.
+
+        The idf is the body's (a heading word common in the document's text, "Season" or "Law",
+        earns little), and heading lengths are normalised with :data:`HEADING_B`. A heading
+        term absent from every unit's text (impossible for headings read from the text) counts
+        in its heading's length and scores nothing.
+        """
+        if len(heading_terms) != self.n_units:
+            raise ValueError(f"heading_terms: expected one entry per unit ({self.n_units}), got {len(heading_terms)}")
+        rows, cols, counts = [], [], []
+        lengths = np.zeros(self.n_units, dtype=np.int64)
+        for unit, terms in enumerate(heading_terms):
+            ids = [self.vocab[t] for t in terms if t in self.vocab]
+            lengths[unit] = len(terms)
+            for term, count in collections.Counter(ids).items():
+                rows.append(term)
+                cols.append(unit)
+                counts.append(count)
+        tf = scipy.sparse.csr_matrix(
+            (np.asarray(counts, dtype=np.float32), (np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64))),
+            shape=(len(self.vocab), self.n_units),
+        )
+        tf.sort_indices()
+        avg = max(float(lengths[lengths > 0].mean()), 1.0) if lengths.any() else 1.0
+        _bm25_weights(tf, self.idf, k1 * (1.0 - HEADING_B + HEADING_B * lengths / avg), k1)
+        return tf
 
     def _pair_scores(self, ids: np.ndarray) -> np.ndarray:
         """BM25 of the query's adjacent pairs of known terms, counted in the units holding both.
@@ -264,6 +308,9 @@ class SparseBM25:
         return self.weights.indices[self.weights.indptr[term] : self.weights.indptr[term + 1]]
 
 
+# Length normalisation of the heading field: BM25's usual b, so of two headings holding a query's
+# word the shorter ("Italy" against "Renaissance architecture in Italy") is the closer match.
+HEADING_B = 0.75
 # Ends each unit's terms in SparseBM25.term_sequence (never a term id).
 _UNIT_END = np.full(1, -1, dtype=np.int32)
 
@@ -276,15 +323,19 @@ def _joined(pieces: list[np.ndarray]) -> np.ndarray:
     return joined
 
 
-def _bm25_weights(tf: scipy.sparse.csr_matrix, norm: np.ndarray, k1: float) -> None:
+def _idf(tf: scipy.sparse.csr_matrix) -> np.ndarray:
+    """Each term's idf over the units (columns) of a term-by-unit count matrix."""
+    df = np.diff(tf.indptr)
+    return np.log1p((tf.shape[1] - df + 0.5) / (df + 0.5))
+
+
+def _bm25_weights(tf: scipy.sparse.csr_matrix, idf: np.ndarray, norm: np.ndarray, k1: float) -> None:
     """Turn the term counts of ``tf`` (float32) into BM25 weights, in place.
 
-    ``norm[u]`` is ``k1 * (1 - b + b * len(u) / avgdl)``. Each block of entries is computed in
-    float64 and rounded once to float32, so the weights do not depend on the block size.
+    ``idf[t]`` is term t's idf, ``norm[u]`` is ``k1 * (1 - b + b * len(u) / avgdl)``. Each
+    block of entries is computed in float64 and rounded once to float32, so the weights do not
+    depend on the block size.
     """
-    n_units = tf.shape[1]
-    df = np.diff(tf.indptr)
-    idf = np.log1p((n_units - df + 0.5) / (df + 0.5))
     data = tf.data
     for start in range(0, data.size, _WEIGHT_BLOCK):
         stop = min(start + _WEIGHT_BLOCK, data.size)
@@ -327,11 +378,13 @@ class BM25Index:
         self._embeddings_lock = threading.Lock()
 
     @classmethod
-    def build(cls, unit_texts: Sequence[str], cfg: RetrievalConfig) -> "BM25Index":
+    def build(cls, unit_texts: Sequence[str], cfg: RetrievalConfig, unit_headings: Sequence[str] | None = None) -> "BM25Index":
         """Analyze every unit and build the backend named by ``cfg.backend``.
 
         ``unit_texts`` is iterated once, unit by unit (a lazy :class:`~.document.UnitTexts`
         decodes in batches), and kept for reranking, which reads a few units by index.
+        ``unit_headings`` (``Document.unit_headings()``: the title over each unit) is scored as a
+        field of its own with ``cfg.heading_weight``; without it no unit has a heading.
         """
         if len(unit_texts) == 0:
             raise ValueError("unit_texts: expected at least one retrieval unit, got an empty sequence")
@@ -339,10 +392,28 @@ class BM25Index:
         analyzer = WhitespaceAnalyzer() if cfg.analyzer == "whitespace" else get_analyzer(cfg.stem, cfg.stopwords)
         unit_terms = (analyzer.analyze(text) for text in unit_texts)
         if cfg.backend == "sparse":
-            scorer = SparseBM25(unit_terms, k1=cfg.k1, b=cfg.b, bigram_weight=cfg.bigram_weight)
-        else:  # validate() refuses a bigram weight here
+            heading_terms = None
+            if cfg.heading_weight > 0 and unit_headings is not None:
+                terms_of = {h: analyzer.analyze(h) for h in set(unit_headings)}  # units of a paragraph share one
+                heading_terms = [terms_of[h] for h in unit_headings]
+            scorer = SparseBM25(
+                unit_terms,
+                k1=cfg.k1,
+                b=cfg.b,
+                bigram_weight=cfg.bigram_weight,
+                heading_terms=heading_terms,
+                heading_weight=cfg.heading_weight,
+            )
+        else:  # validate() refuses bigram and heading weights here
             scorer = RankBM25(unit_terms, k1=cfg.k1, b=cfg.b)
         return cls(unit_texts, analyzer, scorer, cfg)
+
+    @classmethod
+    def of_document(cls, document: Document, cfg: RetrievalConfig) -> "BM25Index":
+        """The index of ``document``'s units, with their headings when ``cfg.heading_weight``
+        scores them (decoded once here, not kept)."""
+        headings = document.unit_headings() if cfg.heading_weight > 0 else None
+        return cls.build(document.unit_texts(), cfg, headings)
 
     @property
     def num_units(self) -> int:

@@ -111,7 +111,7 @@ VARIANTS: dict[str, Variant] = {
             "paper_retrieval",
             {
                 "document": {"unit_tokens": 500, "unit_overlap": 0, "paragraph_units": False},
-                "retrieval": {"backend": "rank_bm25", "analyzer": "whitespace", "k1": 1.5, "b": 0.75, "bigram_weight": 0, "stem": False,
+                "retrieval": {"backend": "rank_bm25", "analyzer": "whitespace", "k1": 1.5, "b": 0.75, "bigram_weight": 0, "heading_weight": 0, "stem": False,
                               "stopwords": False, "top_k_min": 4, "top_k_max": 4, "top_k_default": 4, "rerank": False},
             },  # fmt: skip
             "the paper-era retrieval of the reference's evaluation: BM25Okapi (k1 1.5, b 0.75) over lower().split() "
