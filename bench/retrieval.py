@@ -21,7 +21,8 @@ of the shipped Wikipedia package up to 32K, 128K or 1M tokens:
 
 A query is found at k when one of the top-k units holds at least half of its article (or, for an
 article longer than a unit, is at least half filled by it). Compared: fixed and paragraph-aligned
-units (short paragraphs merged or not), BM25 parameters and analyzers, and two dense second
+units (short paragraphs merged or not), BM25 parameters and analyzers, term pairs, the heading
+(title line) of each unit's article scored as a field at several weights, and two dense second
 stages over BM25's candidates (static MiniLM word-piece vectors over the whole document, or
 MiniLM itself over the candidates) with several fusions, each with its per-document build cost
 and per-query cost.

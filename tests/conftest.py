@@ -86,7 +86,8 @@ def vllm_server(tiny_model_dir, tmp_path_factory):
 
 
 # The demo recipe's warm-up in miniature: it proves the chain distil -> SFT -> check, not the
-# student's quality (no validity threshold: its 3-step student parses 0% of its actions).
+# student's quality (no validity threshold: its 3-step student parses 0% of its actions; the
+# longer warm-up of tests/test_warmup.py is held to one it reaches).
 WARMUP_SMALL = [
     "infmem.warmup.hidden_size=64",
     "infmem.warmup.lr=2.0e-3",  # the learning run of test_cpu_training_runs.py is tuned from this student

@@ -6,7 +6,10 @@ units of the document (spec 2.4, 8.1 item 1). Here one :class:`Analyzer` turns b
 the query into terms, and the default ``"sparse"`` backend scores with a non-negative idf, so a
 query word present in the document always contributes a positive score. It also scores the
 query's adjacent term pairs (``retrieval.bigram_weight``), which real queries often share with
-their evidence in order ("1968 film by Stanley Kubrick").
+their evidence in order ("1968 film by Stanley Kubrick"), and the title line over each unit's
+paragraph as a field of its own (``retrieval.heading_weight``), so a question that names an
+article's subject ("What is the population of Italy?") finds that article among the many whose
+text mentions it.
 
 The index is built once per document and shared by every rollout that reads it; a search returns
 at most ``top_k`` units with a positive score, best first, ties broken by unit position so results
@@ -168,6 +171,11 @@ class SparseBM25:
     (4 bytes a term, units separated by -1), and a search reads there only the units that hold
     both terms of a query pair (the term matrix's rows say which), so a pair's document
     frequency and counts are exact.
+
+    With ``heading_weight > 0`` and ``heading_terms`` (one list per unit: the analysed heading of
+    its paragraph), a unit's score adds ``heading_weight`` times BM25 over its heading's terms
+    (:meth:`_heading_matrix`): one more field, as BM25F has a title field, kept apart from the
+    body so that the title counts for every unit of a long article, not only its first.
     """
 
     def __init__(
