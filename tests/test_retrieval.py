@@ -309,8 +309,10 @@ def test_bad_input_is_rejected(index):
         BM25Index.build(["some text"], RetrievalConfig(heading_weight=-1.0))
     with pytest.raises(ConfigError, match="retrieval.heading_weight: expected 0 with backend 'rank_bm25'"):
         BM25Index.build(["some text"], RetrievalConfig(backend="rank_bm25", bigram_weight=0))
-    with pytest.raises(ValueError, match=r"heading_terms: expected one entry per unit \(2\), got 1"):
+    with pytest.raises(ValueError, match=r"unit_headings: expected one per unit \(2\), got 1"):
         BM25Index.build(["some text", "more text"], RetrievalConfig(), unit_headings=["Some"])
+    with pytest.raises(ValueError, match=r"heading_terms: expected one entry per unit \(2\), got 1"):
+        SparseBM25([["some"], ["more"]], k1=0.9, b=0.4, heading_terms=[["some"]], heading_weight=1.0)
 
 
 def _one_pass_sparse(unit_terms: list[list[str]], k1: float, b: float) -> tuple[dict, scipy.sparse.csr_matrix]:

@@ -94,11 +94,12 @@ def tokenize_document(text: str, tokenizer) -> np.ndarray:
     Encodes split-safe pieces of the text as one parallel batch when the tokenizer's
     pre-tokenizer allows it, the whole text at once otherwise.
     """
-    return _tokenize(text, tokenizer)[0]
+    return tokenize_paragraphs(text, tokenizer)[0]
 
 
-def _tokenize(text: str, tokenizer) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids of ``text`` and the token index where each of its paragraphs starts."""
+def tokenize_paragraphs(text: str, tokenizer) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids of ``text`` (as :func:`tokenize_document`) and the token index where each of its
+    paragraphs starts (``Document.from_ids``'s ``paragraph_starts``)."""
     if not isinstance(text, str):
         raise ValueError(f"text: expected a str, got {type(text).__name__}")
     paragraph_chars = [m.end() for m in _PARAGRAPH_BREAK.finditer(text) if m.end() < len(text)]
@@ -282,7 +283,7 @@ class Document:
         if not isinstance(text, str) or not text.strip():
             got = repr(text[:40]) if isinstance(text, str) else type(text).__name__
             raise ValueError(f"document: expected a text with at least one non-whitespace character, got {got}")
-        ids, paragraph_starts = _tokenize(text, tokenizer)
+        ids, paragraph_starts = tokenize_paragraphs(text, tokenizer)
         return cls._build(ids, tokenizer, cfg, paragraph_starts, text_digest(text))
 
     @classmethod
@@ -398,8 +399,8 @@ def paragraph_heading(text: str) -> str:
     """The heading of a paragraph: its leading short lines when more text follows, else ``""``.
 
     Lines are taken while the words taken stay within :data:`HEADING_WORDS`; a line ending in
-    ``:`` is a label, not part of the heading. So the training documents' ``"Document 12:\n
-    Stanley Kubrick\nStanley Kubrick was..."`` has the heading ``"Stanley Kubrick"`` (a number
+    ``:`` is a label, not part of the heading. So the training documents' ``"Document 12:\\n
+    Stanley Kubrick\\nStanley Kubrick was..."`` has the heading ``"Stanley Kubrick"`` (a number
     from the label would otherwise match years and counts in queries), a title line over an
     article's text is its heading, and a paragraph of one line, or starting with a sentence, has
     none. Only the last line may be cut short, so it is never taken.

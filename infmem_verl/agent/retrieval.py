@@ -396,6 +396,8 @@ class BM25Index:
         """
         if len(unit_texts) == 0:
             raise ValueError("unit_texts: expected at least one retrieval unit, got an empty sequence")
+        if unit_headings is not None and len(unit_headings) != len(unit_texts):
+            raise ValueError(f"unit_headings: expected one per unit ({len(unit_texts)}), got {len(unit_headings)}")
         cfg.validate("retrieval")  # ConfigError naming the field (backend, k1, b, ...)
         analyzer = WhitespaceAnalyzer() if cfg.analyzer == "whitespace" else get_analyzer(cfg.stem, cfg.stopwords)
         unit_terms = (analyzer.analyze(text) for text in unit_texts)
