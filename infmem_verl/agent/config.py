@@ -102,25 +102,29 @@ class RetrievalConfig:
     # 0.75 .900 .933 .807 / .900 .953 .847; 1 .913 .933 .793 / .923 .950 .823: a description
     # naming another article ("Capital of Iraq" for Baghdad) loses to that article's title.
     heading_weight: float = 0.75
-    # Optional second stage: rerank BM25's best ``rerank_candidates`` units with MiniLM embeddings
-    # (embedded at query time, once per unit and document). ``fusion``: "rrf" (reciprocal rank
-    # fusion of the BM25 and MiniLM rankings), "score" (``(1 - fusion_weight) * BM25 +
-    # fusion_weight * cosine``, each min-max scaled over the candidates) or "dense" (cosine alone).
-    # Off. Recall@4 at 1M over the default BM25 (README, three real query sets): static, score
-    # fusion w 0.3 over the top 50 gains +0.007 (BoolQ), +0.02 (FanOutQA), +0.027 (descriptions)
-    # but keeps ~3x the document's text in vectors (14 MB at 1M tokens); MiniLM over the top 50
-    # gains most on questions (BoolQ 0.94 -> 0.98, FanOutQA 0.75 -> 0.90 alone) and loses on
-    # descriptions (0.83 -> 0.73 alone, 0.85 at w 0.7), at 1.5-2.6 s of CPU per query while its
-    # candidates are not yet embedded.
+    # Optional second stage: rerank BM25's best ``rerank_candidates`` units with embeddings.
+    # ``fusion``: "rrf" (reciprocal rank fusion of the BM25 and embedding rankings), "score"
+    # (``(1 - fusion_weight) * BM25 + fusion_weight * cosine``, each min-max scaled over the
+    # candidates) or "dense" (cosine alone). The defaults below are the stage's measured best
+    # (``python -m bench.retrieval --sets boolq,fanoutqa --dense-models minilm``): MiniLM over the
+    # top 50 of BM25 with headings, score fusion w 0.7, reaches recall@4 at 1M BoolQ .987 / .987
+    # and FanOutQA .960 / .953 (two draws, 150 / 300 queries; BM25 alone .933 / .953, .900 /
+    # .900), the descriptions .85 at w 0.5 (BM25 .80, 40 queries). Its candidates are embedded at
+    # query time, once per unit and document: a query with new candidates costs 0.37-0.57 s of
+    # wall time at 1M (2 cores), a query whose candidates are embedded 9-11 ms. Off by default:
+    # at the RL recipes' 32K, BM25 with headings already finds .975 (BoolQ) and .963 (FanOutQA)
+    # at recall@4 and MiniLM adds nothing there; turn it on for long documents
+    # (``retrieval.rerank=true``). The static embedder gains +.006 to +.013 at 1M and keeps ~3x
+    # the document's text in vectors.
     rerank: bool = False
-    # The embedder of the second stage: "static" (MiniLM's word-piece vectors distilled once and
-    # cached, agent/static_embed.py: the whole document embedded in one pass, ~4 s of CPU per 1M
-    # tokens, then under 1 ms per query) or "minilm" (the full model over the candidates, at
-    # query time).
-    rerank_model: Literal["static", "minilm"] = "static"
-    rerank_candidates: int = 32
+    # The embedder of the second stage: "minilm" (the full model over the candidates, at query
+    # time, agent/rerank.py) or "static" (MiniLM's word-piece vectors distilled once and cached,
+    # agent/static_embed.py: the whole document embedded in one pass, ~4 s of CPU per 1M tokens,
+    # then under 1 ms per query).
+    rerank_model: Literal["static", "minilm"] = "minilm"
+    rerank_candidates: int = 50
     fusion: Literal["rrf", "score", "dense"] = "score"
-    fusion_weight: float = 0.3
+    fusion_weight: float = 0.7
     # How many prepared documents (tokens, units, index) stay cached; the n rollouts of a
     # document share one entry.
     cache_size: int = 16
