@@ -211,15 +211,21 @@ def test_headings_rank_the_article_a_question_names_first(tokenizer):
     case = real_queries(paragraphs, counts, REAL_SETS["fanoutqa"](paragraphs, tokenizer), LengthPlan("32K", 32000, 1, 24), random.Random(0))
     doc, gold = real_document(tokenizer, case, DocumentConfig(chunk_tokens=2000))
     ranks = {}
-    for name, weight in (("words", 0.0), ("headings", RetrievalConfig().heading_weight)):
-        index = BM25Index.of_document(doc, RetrievalConfig(heading_weight=weight))
+    for name, cfg in (
+        ("words", RetrievalConfig(heading_weight=0.0)),
+        ("headings", RetrievalConfig()),  # the default
+        ("headings + MiniLM", RetrievalConfig(rerank=True)),  # the dense stage at its defaults
+    ):
+        index = BM25Index.of_document(doc, cfg)
         ranks[name] = dict(zip(case.queries, _ranks([[h.unit for h in index.search(q, 8)] for q in case.queries], gold)))
     # The rollouts' document cache prepares the same index from the text.
     text = "\n\n".join(article_block(a) for a in case.articles)
     prepared = DocumentCache(tokenizer, DocumentConfig(chunk_tokens=2000), RetrievalConfig()).prepare(text, with_index=True)
-    np.testing.assert_array_equal(prepared.index.scores(case.queries[0]), index.scores(case.queries[0]))
+    np.testing.assert_array_equal(prepared.index.scores(case.queries[0]), BM25Index.of_document(doc, RetrievalConfig()).scores(case.queries[0]))
     first = {name: sum(r == 1 for r in by_query.values()) for name, by_query in ranks.items()}
-    assert first["headings"] >= first["words"] + 3 >= 21, first
+    assert first["headings + MiniLM"] >= first["headings"] >= first["words"] + 3 >= 21, first
+    # Here the dense stage, reordering BM25's top 50, keeps every article the headings put in the top 4.
+    assert all(ranks["headings + MiniLM"][q] <= 4 for q, r in ranks["headings"].items() if r is not None and r <= 4)
     for query in ("What is the signed form of Hindi called?", "Was Venus discovered after 1700 and if so, who discovered it?",
                   "What is the largest city of United States?"):  # fmt: skip
         assert ranks["words"][query] > 1 and ranks["headings"][query] == 1, query
