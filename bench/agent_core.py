@@ -521,7 +521,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         rows += bench_memory(samples, Path(tmp))
     rows += bench_group(tokenizer, cfg, question, text, queries, memory, list(document.unit_texts()))
-    print_table(f"Agent core on a {ids.size:,}-token document ({len(os.sched_getaffinity(0))} cores)", rows)
+    print_table(f"Agent core on a {document.num_tokens:,}-token document ({len(os.sched_getaffinity(0))} cores)", rows)
     print(f"\ntotal bench time {time.perf_counter() - started:.0f} s")
 
 
