@@ -109,13 +109,13 @@ class RetrievalConfig:
     # (``python -m bench.retrieval --sets boolq,fanoutqa --dense-models minilm``): MiniLM over the
     # top 50 of BM25 with headings, score fusion w 0.7, reaches recall@4 at 1M BoolQ .987 / .987
     # and FanOutQA .960 / .953 (two draws, 150 / 300 queries; BM25 alone .933 / .953, .900 /
-    # .900), the descriptions .85 at w 0.5 (BM25 .80, 40 queries). Its candidates are embedded at
-    # query time, once per unit and document: a query with new candidates costs 0.37-0.57 s of
-    # wall time at 1M (2 cores), a query whose candidates are embedded 9-11 ms. Off by default:
-    # at the RL recipes' 32K, BM25 with headings already finds .975 (BoolQ) and .963 (FanOutQA)
-    # at recall@4 and MiniLM adds nothing there; turn it on for long documents
-    # (``retrieval.rerank=true``). The static embedder gains +.006 to +.013 at 1M and keeps ~3x
-    # the document's text in vectors.
+    # .900), the descriptions .825 / .860 (40 / 300 queries; BM25 .800 / .847). Its candidates
+    # are embedded at query time, once per unit and document: on idle cores a query with new
+    # candidates costs 0.25-0.32 s of wall time at 1M (2 cores), a query whose candidates are
+    # embedded 7.5 ms. Off by default: at the RL recipes' 32K, BM25 with headings already finds
+    # .975 (BoolQ) and .963 (FanOutQA) at recall@4 and MiniLM adds nothing there; turn it on for
+    # long documents (``retrieval.rerank=true``). The static embedder gains +.006 to +.013 at 1M
+    # and keeps ~3x the document's text in vectors.
     rerank: bool = False
     # The embedder of the second stage: "minilm" (the full model over the candidates, at query
     # time, agent/rerank.py) or "static" (MiniLM's word-piece vectors distilled once and cached,

@@ -13,8 +13,8 @@ they first enter a candidate pool, in one batch per query, and cached with the d
 so the n rollouts of a document share them and a 1M-token document never pays for units no query
 reaches. On real questions at 1M (``bench/retrieval.py --sets boolq,fanoutqa --dense-models
 minilm``), over BM25 with headings, score fusion at weight 0.7 over the top 50 lifts recall@4
-from .93-.95 to .99 (BoolQ) and from .90 to .95-.96 (FanOutQA); a query with new candidates costs
-0.4-0.6 s there, one whose candidates are embedded about 10 ms. The stage is off by default (see
+from .93-.95 to .99 (BoolQ) and from .90 to .95-.96 (FanOutQA); on idle cores a query with new
+candidates costs 0.25-0.32 s there, one whose candidates are embedded 7.5 ms. The stage is off by default (see
 ``RetrievalConfig.rerank``) and this is its default embedder; :mod:`.static_embed` is the cheap
 one (``retrieval.rerank_model="static"``): the same fusions, the whole document embedded in
 seconds, gaining little.
