@@ -15,7 +15,7 @@ from infmem_verl.agent import retrieval as retrieval_module
 from infmem_verl.agent.config import DocumentConfig, RetrievalConfig
 from infmem_verl.agent.errors import ConfigError
 from infmem_verl.agent.document import Document
-from infmem_verl.agent.rerank import RRF_K, UnitEmbeddings, fuse, reciprocal_rank_fusion
+from infmem_verl.agent.rerank import RRF_K, UnitEmbeddings, embed, embed_windows, fuse, reciprocal_rank_fusion
 from infmem_verl.agent.retrieval import STOPWORDS, Analyzer, BM25Index, Hit, SparseBM25, get_analyzer
 from infmem_verl.assets import wiki_paragraphs
 
@@ -444,8 +444,13 @@ def test_rerank_sees_the_end_of_long_units(units):
     painting = next(p["text"] for p in wiki_paragraphs() if p["title"] == target)
     filler = "\n\n".join(units[:5])  # well over 128 word pieces
     embeddings = UnitEmbeddings([filler + "\n\n" + painting, filler + "\n\n" + units[5]])
-    sims = embeddings.similarities("Seurat's pointillist painting of a Sunday on an island", np.array([0, 1]))
+    query = "Seurat's pointillist painting of a Sunday on an island"
+    sims = embeddings.similarities(query, np.array([0, 1]))
     assert sims[0] > sims[1] + 0.2
+    # The windows are kept in float16; the cosine matches float32 embeddings to within 1e-3.
+    vectors, owner = embed_windows([filler + "\n\n" + painting])
+    assert all(w.dtype == np.float16 for w in embeddings._windows.values())
+    assert abs(sims[0] - float((vectors[owner == 0] @ embed([query])[0]).max())) < 1e-3
 
 
 def test_reciprocal_rank_fusion():
