@@ -619,7 +619,7 @@ def measure_bm25(
     ``BM25Index.search``."""
     get_analyzer.cache_clear()
     with Clock() as build:
-        index = BM25Index.build(units, cfg, doc.unit_headings() if cfg.heading_weight > 0 else None)
+        index = BM25Index.of_document(doc, cfg, units)
     with Clock() as query:
         tops = [np.array([h.unit for h in index.search(q, max(KS))], dtype=np.int64) for q in queries]
     tally.add(_hits(tops, gold), len(queries))
@@ -645,9 +645,8 @@ def measure_dense(
     from infmem_verl.agent.rerank import fuse
 
     model = cfg.rerank_model
-    headings = doc.unit_headings() if cfg.heading_weight > 0 else None
-    index = BM25Index.build(units, cfg, headings)  # its embeddings; the pools are BM25's own order
-    plain = BM25Index.build(units, dataclasses.replace(cfg, rerank=False), headings)
+    index = BM25Index.of_document(doc, cfg, units)  # its embeddings; the pools are BM25's own order
+    plain = BM25Index.of_document(doc, dataclasses.replace(cfg, rerank=False), units)
     pools = [plain.search(q, max(DENSE_CANDIDATES[model])) for q in queries]
     pool_units = [np.array([h.unit for h in pool], dtype=np.int64) for pool in pools]
     with Clock() as build:

@@ -145,20 +145,15 @@ class RetrievalConfig:
         )
         _check(self.k1 >= 0, f"{path}.k1", "a number >= 0", self.k1)
         _check(0 <= self.b <= 1, f"{path}.b", "a number in [0, 1]", self.b)
-        _check(self.bigram_weight >= 0, f"{path}.bigram_weight", "a number >= 0", self.bigram_weight)
-        _check(
-            self.backend == "sparse" or self.bigram_weight == 0,
-            f"{path}.bigram_weight",
-            "0 with backend 'rank_bm25' (only the sparse backend scores term pairs)",
-            self.bigram_weight,
-        )
-        _check(self.heading_weight >= 0, f"{path}.heading_weight", "a number >= 0", self.heading_weight)
-        _check(
-            self.backend == "sparse" or self.heading_weight == 0,
-            f"{path}.heading_weight",
-            "0 with backend 'rank_bm25' (only the sparse backend scores headings)",
-            self.heading_weight,
-        )
+        for name, scores in (("bigram_weight", "term pairs"), ("heading_weight", "headings")):
+            weight = getattr(self, name)
+            _check(weight >= 0, f"{path}.{name}", "a number >= 0", weight)
+            _check(
+                self.backend == "sparse" or weight == 0,
+                f"{path}.{name}",
+                f"0 with backend 'rank_bm25' (only the sparse backend scores {scores})",
+                weight,
+            )
         _check(self.rerank_model in ("static", "minilm"), f"{path}.rerank_model", "'static' or 'minilm'", self.rerank_model)
         _check(self.rerank_candidates >= 1, f"{path}.rerank_candidates", "an integer >= 1", self.rerank_candidates)
         _check(self.fusion in ("rrf", "score", "dense"), f"{path}.fusion", "'rrf', 'score' or 'dense'", self.fusion)

@@ -419,11 +419,12 @@ class BM25Index:
         return cls(unit_texts, analyzer, scorer, cfg)
 
     @classmethod
-    def of_document(cls, document: Document, cfg: RetrievalConfig) -> "BM25Index":
+    def of_document(cls, document: Document, cfg: RetrievalConfig, unit_texts: Sequence[str] | None = None) -> "BM25Index":
         """The index of ``document``'s units, with their headings when ``cfg.heading_weight``
-        scores them (decoded once here, not kept)."""
+        scores them (decoded once here, not kept). ``unit_texts``: the units already decoded (a
+        benchmark building many indexes decodes once); by default decoded lazily."""
         headings = document.unit_headings() if cfg.heading_weight > 0 else None
-        return cls.build(document.unit_texts(), cfg, headings)
+        return cls.build(document.unit_texts() if unit_texts is None else unit_texts, cfg, headings)
 
     @property
     def num_units(self) -> int:
