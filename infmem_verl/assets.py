@@ -41,24 +41,30 @@ def load_tokenizer(path: str | None = None):
     return tok
 
 
-def tiny_qwen3_dir(cache_dir: Path | None = None, hidden_size: int = 64, seed: int = 0) -> Path:
-    """Build (once) and return the folder of a tiny random Qwen3 with Qwen3's real tokenizer.
+def tiny_qwen3_dir(
+    cache_dir: Path | None = None, hidden_size: int = 64, seed: int = 0, tokenizer_dir: Path | None = None, layers: int = 2
+) -> Path:
+    """Build (once) and return the folder of a tiny random Qwen3: Qwen3's real tokenizer, or the
+    one at ``tokenizer_dir`` (the small-vocabulary stand-in, :mod:`infmem_verl.small_vocab`).
 
-    Two layers, head_dim 32 (the CPU build of vLLM rejects smaller heads), tied embeddings over
-    Qwen3's full vocabulary; about 40 MB on disk.
+    ``layers`` layers, head_dim 32 (the CPU build of vLLM rejects smaller heads), tied embeddings
+    over the tokenizer's vocabulary rounded up to a multiple of 64 (Qwen3's own 151,936 for its
+    tokenizer); about 40 MB on disk with Qwen3's vocabulary at hidden 64.
     """
-    out = (cache_dir or cache_root()) / f"tiny-qwen3-h{hidden_size}-s{seed}"
+    tokens = "" if tokenizer_dir is None else f"-{Path(tokenizer_dir).name}"
+    depth = "" if layers == 2 else f"-l{layers}"
+    out = (cache_dir or cache_root()) / f"tiny-qwen3-h{hidden_size}{depth}-s{seed}{tokens}"
     if (out / "config.json").exists() and any(out.glob("*.safetensors")):
         return out
     import torch
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    tok = load_tokenizer()
+    tok = load_tokenizer(None if tokenizer_dir is None else str(tokenizer_dir))
     config = Qwen3Config(
-        vocab_size=151936,
+        vocab_size=151936 if tokenizer_dir is None else -(-len(tok) // 64) * 64,
         hidden_size=hidden_size,
         intermediate_size=hidden_size * 2,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=32,

@@ -134,6 +134,17 @@ def make_dataset(n: int, target_tokens: int, tokenizer, seed: int = 0) -> list[Q
     return [make_sample(i, target_tokens, tokenizer, seed) for i in range(n)]
 
 
+def task_texts(n: int, seed: int = 0) -> Iterator[str]:
+    """The facts and question of ``n`` chains drawn as the samples draw them, without the
+    haystack (text to train a tokenizer on: the invented names' syllables and the templates)."""
+    _check_int(n, "n", 0)
+    for index in range(n):
+        rng = random.Random(f"infmem-synthetic-text:{seed}:{index}")
+        template = rng.choice(_TEMPLATES)
+        names = _draw_names(rng, template.kinds)
+        yield " ".join((*_render_facts(template, names), template.question.format(x=names[0]), names[2]))
+
+
 def _check_int(value: object, name: str, minimum: int | None) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
         expected = "an integer" if minimum is None else f"an integer >= {minimum}"
