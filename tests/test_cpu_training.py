@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import importlib.util
 import inspect
 import json
 import math
@@ -24,7 +25,15 @@ from infmem_verl import conf_dir
 
 from infmem_verl.agent.errors import ConfigError
 from infmem_verl.assets import wiki_paragraphs
-from infmem_verl.cpu.backend import GPUCount, apply_cpu_backend, check_cpu_support, cpu_settings, select_backend, visible_gpus
+from infmem_verl.cpu.backend import (
+    GPUCount,
+    apply_cpu_backend,
+    check_cpu_support,
+    cpu_settings,
+    select_backend,
+    visible_gpus,
+    vllm_installed,
+)
 from infmem_verl.cpu.bootstrap import bootstrap_inputs, bootstrap_settings
 from infmem_verl.cpu.engine import TorchEngine
 from infmem_verl.cpu.report import step_line, validation_line
@@ -166,6 +175,16 @@ def test_backend_is_chosen_by_the_gpus_present_and_says_which():
     with pytest.raises(ConfigError, match=r"infmem\.backend: expected one of \['auto', 'cpu', 'gpu'\], got 'tpu'"):
         select_backend(make_config("+recipe=smoke", "infmem.backend=tpu"), GPUCount(0, here))
 
+
+def test_a_gpu_without_vllm_falls_back_to_cpu_on_auto_and_names_the_install_on_gpu():
+    """A laptop's CPU venv whose torch sees a GPU: stock verl's rollout cannot start without vLLM."""
+    here = "this machine"
+    fallback = select_backend(make_config("+recipe=smoke"), GPUCount(1, here, vllm=False))
+    assert fallback.name == "cpu" and "1 GPU(s) in this machine but no vLLM in" in fallback.message
+    with pytest.raises(ConfigError, match=r"infmem\.backend: recipe 'infmem_4b' .* vLLM is not installed .*requirements/gpu\.txt"):
+        select_backend(make_config("+recipe=infmem_4b"), GPUCount(8, here, vllm=False))
+    assert select_backend(make_config("+recipe=infmem_4b"), GPUCount(8, here, vllm=False), dry_run=True).name == "gpu"
+    assert vllm_installed() == (importlib.util.find_spec("vllm") is not None)
 
 def test_cpu_backend_selects_its_trainer_mode_and_ray_settings():
     config = make_config("+recipe=smoke")

@@ -1,8 +1,9 @@
 """Which backend trains: stock verl on GPUs, or the CPU backend of this package.
 
-``infmem.backend`` is ``auto`` (GPU when one is visible, else CPU), ``gpu`` or ``cpu``. Recipes
-sized for GPUs (``infmem_4b`` and those built on it) say ``gpu``; on a machine without one they
-stop with the recipe to use instead. The choice is printed before anything starts.
+``infmem.backend`` is ``auto`` (GPU when one is visible and vLLM is installed, else CPU), ``gpu``
+or ``cpu``. Recipes sized for GPUs (``infmem_4b`` and those built on it) say ``gpu``; on a machine
+without one they stop with the recipe to use instead, and in a Python without vLLM with the
+install to run. The choice is printed before anything starts.
 
 The CPU backend is verl's v1 sync trainer with two pieces swapped (trainer mode ``infmem_cpu``,
 see :mod:`infmem_verl.cpu.trainer`); :func:`apply_cpu_backend` selects it and derives what a
@@ -13,6 +14,7 @@ No verl import: this runs before verl is asked for anything.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -52,6 +54,17 @@ class GPUCount:
 
     gpus: int
     where: str
+    # Whether stock verl's vLLM rollout can start there. Checked for this machine only (a laptop's
+    # CPU venv may see a GPU through a CUDA torch and still lack vLLM); the nodes of a Ray cluster
+    # run verl's workers in their own environments, which the launcher cannot see.
+    vllm: bool = True
+
+
+def vllm_installed() -> bool:
+    """vLLM importable by this Python (found, not imported: importing it takes seconds)."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
 
 
 def ray_address(config: DictConfig) -> str | None:
@@ -77,7 +90,8 @@ def count_gpus(config: DictConfig) -> GPUCount:
             return GPUCount(int(ray.cluster_resources().get("GPU", 0)), f"the Ray cluster at {address}")
         finally:
             ray.shutdown()  # disconnects this driver only; verl's run_ppo joins again with its runtime env
-    return GPUCount(visible_gpus(), "this machine")
+    gpus = visible_gpus()
+    return GPUCount(gpus, "this machine", vllm=gpus == 0 or vllm_installed())
 
 
 class BackendChoice(NamedTuple):
@@ -132,6 +146,19 @@ def select_backend(config: DictConfig, gpus: GPUCount | None = None, dry_run: bo
         f"has none; on CPU run `{cpu_recipe_hint(config)}` instead",
         dry_run=dry_run,
     )
+    if choice.name == "gpu" and count.gpus > 0 and not count.vllm:
+        if choice.requested == "gpu" and not dry_run:
+            raise ConfigError(
+                f"infmem.backend: recipe {config.recipe_name!r} trains with stock verl's vLLM rollout and vLLM is not "
+                f"installed in {sys.executable}; install the GPU requirement set (recipes/gpu_smoke.sh, or "
+                "pip install -r requirements/gpu.txt && pip install -e . --no-deps), or set infmem.backend=cpu"
+            )
+        if choice.requested == "auto":
+            return _cpu_backend(
+                count.gpus,
+                f"{count.gpus} GPU(s) in {count.where} but no vLLM in {sys.executable}, which stock verl's rollout "
+                "needs; install requirements/gpu.txt to train on the GPUs",
+            )
     if choice.name == "gpu":
         if count.gpus == 0:  # a dry run without GPUs: nothing to count against
             return Backend(
@@ -152,9 +179,13 @@ def select_backend(config: DictConfig, gpus: GPUCount | None = None, dry_run: bo
             f"of {count.where}, trainer mode {config.trainer.v1.trainer_mode}",
         )
     reason = "infmem.backend=cpu" if choice.requested == "cpu" else f"no GPU in {count.where}"
+    return _cpu_backend(count.gpus, reason)
+
+
+def _cpu_backend(gpus: int, reason: str) -> Backend:
     return Backend(
         "cpu",
-        count.gpus,
+        gpus,
         f"[infmem] backend: cpu ({reason}) - verl's sync trainer, config, dataset, TransferQueue, agent and "
         f"reward loops, GRPO, policy loss and KL; generation by a transformers Ray actor, updates by a "
         f"single-process torch engine (trainer mode {CPU_TRAINER_MODE})",
