@@ -29,10 +29,13 @@ from omegaconf import DictConfig
 
 from infmem_verl import conf_dir
 from infmem_verl.agent.errors import ConfigError
+from infmem_verl.cli import exit_on_input_error, take_traceback_flag
 from infmem_verl.cost import apply_cost_levers, dry_run_ledger
 from infmem_verl.console import console_mode, silence_known_warnings, take_verbose_flag
 from infmem_verl.cpu.backend import apply_cpu_backend, select_backend
 from infmem_verl.cpu.bootstrap import bootstrap_inputs
+from infmem_verl.cpu.warmup import WarmupError
+from infmem_verl.footprint import dry_run_footprint
 from infmem_verl.preflight import Preflight, preflight, resolve_paths
 from infmem_verl.reward.components import load_components
 from infmem_verl.settings import (
@@ -153,6 +156,8 @@ def run(config: DictConfig) -> PreparedRun:
         )
         sized = prepared.preflight.train
         ledger = dry_run_ledger(config, sized.longest_document) if sized else dry_run_ledger(config)
+        train_rows = sum(f.rows for f in prepared.preflight.files if f.key == "data.train_files") or None
+        ledger += dry_run_footprint(config, need_reference_policy(config), train_rows)
         print("\n".join(f"[infmem dry run] {line}" for line in ledger))
         return prepared
     print(backend.message, flush=True)
@@ -187,13 +192,11 @@ def train(config: DictConfig) -> None:
 @hydra.main(config_path=str(conf_dir()), config_name="infmem_trainer", version_base=None)
 def main(config: DictConfig) -> None:
     silence_known_warnings()
-    try:
+    with exit_on_input_error("infmem", (WarmupError,)):
         run(config)
-    except ConfigError as err:
-        print(f"[infmem] {err}", file=sys.stderr)
-        sys.exit(2)
 
 
 if __name__ == "__main__":
     take_verbose_flag(sys.argv)
+    take_traceback_flag(sys.argv)
     main()

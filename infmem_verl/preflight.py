@@ -17,6 +17,7 @@ the synthetic builder); without them the sizing says so instead of guessing.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
@@ -33,6 +34,11 @@ from infmem_verl.data.documents import split_ref
 from infmem_verl.settings import document_settings, train_settings
 
 DATA_KEYS = ("data.train_files", "data.val_files")
+CHECKPOINT_KEYS = ("trainer.default_local_dir", "trainer.resume_from_path")
+# Set by Ray's job supervisor in the environment of a job's entrypoint, and only there
+# (ray/_private/runtime_env/constants.py; job_supervisor.py _get_driver_env_vars): JSON with the
+# job's runtime_env and metadata (the submission id under "job_submission_id").
+RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 # Advantage estimators whose advantage verl 0.9.1's v1 trainer computes per trajectory (on its final
 # sequence) and broadcasts to the trajectory's other sequences (trainer/ppo/v1/utils.py,
 # compute_advantage_for_multi_trajectories); any other one is applied row by row, as if every LLM
@@ -125,11 +131,27 @@ class Preflight:
         return "\n".join(out)
 
 
+def ray_job() -> str | None:
+    """The submission id of the Ray job whose entrypoint this process is, or None outside a Ray job."""
+    raw = os.environ.get(RAY_JOB_ENV)
+    if raw is None:
+        return None
+    try:
+        metadata = json.loads(raw).get("metadata") or {}
+    except (ValueError, AttributeError):
+        metadata = {}
+    return str(metadata.get("job_submission_id") or "(no submission id)")
+
+
 def resolve_paths(config: DictConfig, launch_dir: str | None = None) -> None:
-    """Make relative data-file paths absolute against the launch directory (in place).
+    """Make relative data-file and checkpoint paths absolute against the launch directory (in place).
 
     Ray workers may run in another directory (a job's uploaded working dir, another node), so
-    verl's dataset must get paths that mean the same file everywhere.
+    verl's dataset must get paths that mean the same file everywhere, and so must the checkpoint
+    folder: each FSDP worker resolves it against its own working directory (verl's
+    ``_save_checkpoint``), the resume only against the task runner's. A Ray job's entrypoint runs
+    inside Ray's per-job copy of the working directory, so there a relative checkpoint folder is
+    refused (ConfigError) when the run saves or resumes: it would be written into that copy.
     """
     base = launch_dir or os.getcwd()
     for key in DATA_KEYS:
@@ -138,6 +160,22 @@ def resolve_paths(config: DictConfig, launch_dir: str | None = None) -> None:
             continue
         absolute = [os.path.abspath(os.path.join(base, os.path.expanduser(f))) for f in _as_list(files)]
         OmegaConf.update(config, key, absolute[0] if isinstance(files, str) else absolute, merge=False)
+    trainer = config.trainer
+    uses_checkpoints = int(trainer.get("save_freq", -1) or -1) > 0 or trainer.get("resume_mode", "disable") != "disable"
+    job = ray_job()
+    for key in CHECKPOINT_KEYS:
+        path = OmegaConf.select(config, key)
+        if path is None:
+            continue
+        path = os.path.expanduser(str(path))
+        if not os.path.isabs(path) and job is not None and uses_checkpoints:
+            raise ConfigError(
+                f"{key}: {path!r} is relative, and this is the entrypoint of Ray job {job}, whose working "
+                "directory is Ray's temporary copy of the uploaded one on this node; checkpoints would be "
+                "written there and lost with it. Pass an absolute folder on storage every node shares "
+                f"({key}=/shared/..., or recipes/submit.sh --shared DIR)"
+            )
+        OmegaConf.update(config, key, os.path.abspath(os.path.join(base, path)), merge=False)
 
 
 def _as_list(files) -> list[str]:
