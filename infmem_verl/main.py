@@ -196,7 +196,67 @@ def main(config: DictConfig) -> None:
         run(config)
 
 
+HELP_FLAGS = ("-h", "--help")
+# Hydra's own --help (config groups, then verl's whole composed config, ~1,200 lines), one flag away.
+FULL_HELP_FLAG = "--help-full"
+# The overrides people change most, with what each does (every infmem.* key: docs/configuration.md).
+COMMON_OVERRIDES = (
+    ("dry_run=true", "compose, validate, print the checks and one step's sizing; start nothing"),
+    ("agent=memagent", "the MemAgent loop instead of InfMem (same pipeline)"),
+    ("reward_fn=NAME", "reward preset: infmem (default), infmem_f1_gated, infmem_ungated, outcome, outcome_f1"),
+    ("data.train_files=P data.val_files=P", "training / validation parquet (python -m data_prep.build)"),
+    ("actor_rollout_ref.model.path=DIR", "the model to start from, e.g. an SFT checkpoint's huggingface/ folder"),
+    ("trainer.nnodes=N trainer.n_gpus_per_node=G", "cluster shape (the recipes size 1 x 8)"),
+    ("trainer.total_training_steps=N", "stop after N RL steps"),
+    ("trainer.save_freq=N trainer.resume_mode=auto", "save every N steps; the same command resumes"),
+    ("infmem.agent.stop_votes=3", "an ablation: any infmem.* key is one override"),
+    ("infmem.backend=auto|cpu|gpu", "where training runs (auto: GPUs with vLLM when present, else CPU)"),
+    ("-v", "verl's and Ray's full output on the console (default: run.log)"),
+)
+
+
+def recipe_summary(path: Path) -> tuple[str, str]:
+    """(what, hardware) of a recipe, from the header every recipe opens with: its first comment
+    sentence up to a colon, and its ``# Hardware:`` line up to the first aside."""
+    comments = [line[1:].strip() for line in path.read_text().splitlines() if line.startswith("#")]
+    described = [c for c in comments if c and not c.startswith("@package")]
+    what = described[0].split(": ")[0].split(", the ")[0].rstrip(".,") if described else "(no header)"
+    hardware = next((c.partition(":")[2].strip() for c in comments if c.startswith("Hardware:")), "not stated")
+    for aside in (" - ", ", ", "; ", ". ", " (the "):
+        hardware = hardware.split(aside)[0]
+    return what, hardware.rstrip(".")
+
+
+def usage() -> str:
+    """Our one-screen help: the recipes, the common overrides, where the full config lives."""
+    recipes = sorted((conf_dir() / "recipe").glob("*.yaml"))
+    width = max(len(p.stem) for p in recipes)
+    lines = [
+        "usage: python -m infmem_verl.main +recipe=NAME [key=value ...]",
+        "",
+        "Train InfMem or MemAgent with verl's GRPO. A recipe is a whole run: model, data, agent, reward,",
+        "hardware (conf/recipe/NAME.yaml opens with its purpose and command); overrides change any key.",
+        "",
+        "recipes:",
+        *(f"  {p.stem:<{width}}  {what} [{hardware}]" for p in recipes for what, hardware in [recipe_summary(p)]),
+        "",
+        "common overrides:",
+        *(f"  {key:<46}{meaning}" for key, meaning in COMMON_OVERRIDES),
+        "",
+        "more:",
+        "  every infmem.* key, its default and meaning: docs/configuration.md (python -m infmem_verl.config_reference)",
+        "  the composed config of a recipe:  python -m infmem_verl.main +recipe=NAME --cfg job",
+        f"  Hydra's help with verl's whole config: python -m infmem_verl.main {FULL_HELP_FLAG}",
+        "  SFT warm-up: python -m infmem_verl.sft; evaluation: python -m infmem_verl.eval --help",
+    ]
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
+    if any(arg in HELP_FLAGS for arg in sys.argv[1:]):
+        print(usage())
+        sys.exit(0)
+    sys.argv[1:] = ["--help" if arg == FULL_HELP_FLAG else arg for arg in sys.argv[1:]]
     take_verbose_flag(sys.argv)
     take_traceback_flag(sys.argv)
     main()
