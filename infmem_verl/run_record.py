@@ -67,7 +67,7 @@ class RecordSettings:
     """``infmem.records``: where the records go and whether per-trajectory files are written."""
 
     dir: str | None = None  # None: the TensorBoard folder (see records_dir)
-    trajectories: bool = False
+    trajectories: bool = False  # write every trajectory's turns per step (trajectories/step_N.jsonl)
 
     def validate(self, path: str) -> RecordSettings:
         if self.dir is not None and (not isinstance(self.dir, str) or not self.dir):

@@ -29,6 +29,7 @@ def _check(cond: bool, field_path: str, expected: str, got: Any) -> None:
 class DocumentConfig:
     """How a document is cut: reading chunks, and retrieval units inside them."""
 
+    # Tokens of document text a Write reads at once (the reference's 5000).
     chunk_tokens: int = 5000
     # Units of at most 250 tokens aligned to the document's paragraphs (blank-line separated:
     # the "Document i" blocks of the training data), long paragraphs split into overlapping
@@ -38,7 +39,9 @@ class DocumentConfig:
     # BoolQ 0.90 / 0.91 / 0.93, FanOutQA 0.73 / 0.75 / 0.75 (fixed / merged / own unit). The
     # reference used fixed 500-token windows.
     unit_tokens: int = 250
+    # Tokens a window shares with the previous one where a long paragraph (or a fixed cut) is windowed.
     unit_overlap: int = 50
+    # Cut units at paragraph starts (true) or as fixed windows of unit_tokens inside each chunk (false).
     paragraph_units: bool = True
     # With paragraph units: merge consecutive short paragraphs into one unit up to
     # ``unit_tokens`` (true), or keep every paragraph a unit of its own (false, the default: one
@@ -76,6 +79,8 @@ class RetrievalConfig:
     # stopwords below) or "whitespace" (the paper-era reference: lower().split(), punctuation
     # glued to words, no stemming or stopwords).
     analyzer: Literal["words", "whitespace"] = "words"
+    # The controller's top_k range (a value outside it is clamped and flagged) and the top_k of a
+    # retrieve call that gives none.
     top_k_min: int = 1
     top_k_max: int = 8
     top_k_default: int = 4
@@ -85,8 +90,11 @@ class RetrievalConfig:
     # recall@4 rose at 1M (+0.02 and +0.013 on two draws) but fell at 128K (0.00 and -0.03) and
     # on the templated "hard" questions at 1M (0.983 against 1.000).
     k1: float = 0.9
+    # BM25's length normalisation (0: none, 1: full).
     b: float = 0.4
+    # Snowball stemming of the words analyzer's terms.
     stem: bool = True
+    # Drop English stopwords from the words analyzer's terms.
     stopwords: bool = True
     # Sparse backend: a unit's score adds this times the BM25 score of the query's adjacent term
     # pairs it holds (0: words alone). Chosen on the real-query benchmark at 1M tokens, recall@4
@@ -122,8 +130,11 @@ class RetrievalConfig:
     # agent/static_embed.py: the whole document embedded in one pass, ~4 s of CPU per 1M tokens,
     # then under 1 ms per query).
     rerank_model: Literal["static", "minilm"] = "minilm"
+    # How many of BM25's best units the second stage reranks.
     rerank_candidates: int = 50
+    # How the second stage fuses BM25 and embeddings: "rrf", "score" (weighted, min-max scaled) or "dense".
     fusion: Literal["rrf", "score", "dense"] = "score"
+    # The cosine's weight in score fusion (the BM25 score gets 1 - fusion_weight).
     fusion_weight: float = 0.7
     # How many prepared documents (tokens, units, index) stay cached; the n rollouts of a
     # document share one entry.
@@ -173,6 +184,7 @@ class ControllerConfig:
     comes from the PreThink template's system message, see ``prompt_templates``).
     """
 
+    # PreThink's output grammar: "tool_call" (ours) or "qwen_agent" (the InfMem code's, for its checkpoints).
     grammar: Literal["tool_call", "qwen_agent"] = "tool_call"
     # Name of the retrieve function in the qwen_agent grammar (the one the model was trained on).
     function_name: str = "retrieve"
@@ -201,8 +213,11 @@ class CallBudget:
     ``prompt_tokens`` the input budget: a prompt never exceeds it.
     """
 
+    # Input budget: a prompt never exceeds it (evidence, then chunk text are shortened).
     prompt_tokens: int
+    # Budget of the thinking part (ignored with thinking off).
     thinking_tokens: int
+    # Budget of what follows </think>: the action, the memory, the answer.
     output_tokens: int
 
     def validate(self, path: str) -> None:
@@ -256,6 +271,8 @@ class AgentConfig:
     prethink: CallBudget = field(default_factory=lambda: CallBudget(prompt_tokens=4096, thinking_tokens=512, output_tokens=256))
     write: CallBudget = field(default_factory=lambda: CallBudget(prompt_tokens=9216, thinking_tokens=512, output_tokens=1024))
     answer: CallBudget = field(default_factory=lambda: CallBudget(prompt_tokens=4096, thinking_tokens=512, output_tokens=256))
+    # Sampling outside verl (evaluation, distillation); in RL verl's rollout.temperature / top_p /
+    # top_k (val_kwargs for validation) decide.
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1

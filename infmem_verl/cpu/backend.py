@@ -229,7 +229,7 @@ class CPUSettings:
     """``infmem.cpu``: torch threads of the generation actor and engine, generation batch size."""
 
     threads: int | None = None  # None: every core
-    max_batch: int = 8
+    max_batch: int = 8  # concurrent calls the generation actor decodes together
 
     def validate(self, path: str) -> CPUSettings:
         threads = self.threads
