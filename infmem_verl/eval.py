@@ -33,6 +33,7 @@ from .evaluation.config import PRESETS, VARIANTS, DataSpec, EvalConfig, merge
 from .evaluation.data import CellSource, file_source, find_file, missing_source, synthetic_sources
 from .evaluation.methods import METHODS, build_methods
 from .evaluation.published import BACKBONES
+from .evaluation.reference_templates import LAYOUTS, TEMPLATES_FILE, templates_from
 from .evaluation.report import dataset_tables, write_report
 from .evaluation.runner import Runner
 from .evaluation.store import RETRY_POLICIES, ResultStore
@@ -59,6 +60,10 @@ def parse_args(argv: Sequence[str] | None = None) -> EvalConfig:
     parser.add_argument("--context-window", type=int, help="full-context baseline window (default: the server's max_model_len)")
     parser.add_argument("--out", type=Path, help="output folder (default: runs/eval/<preset>)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="agent setting, e.g. document.chunk_tokens=2000")
+    parser.add_argument("--templates-from", metavar="[LAYOUT=]PATH",
+                        help="a released checkpoint's prompts: read them (and InfMem's controller grammar) from your checkout "
+                        f"of the reference repository; LAYOUT {'|'.join(LAYOUTS)} (default: infmem when its file is there). "
+                        f"Writes --out/{TEMPLATES_FILE}; --set overrides what it sets")  # fmt: skip
     parser.add_argument("--published-backbone", default="qwen3-4b", choices=BACKBONES)
     parser.add_argument("--retry-failed", default="transient", choices=RETRY_POLICIES)
     parser.add_argument("--variant", action="append", default=[], choices=sorted(VARIANTS), help="protocol variant on top of the preset (repeatable): " + "; ".join(f"{v.name}: {v.description}" for v in VARIANTS.values()))
@@ -93,6 +98,10 @@ def parse_args(argv: Sequence[str] | None = None) -> EvalConfig:
     )
     preset = cfg.resolved_preset().name
     cfg.out = args.out or Path("runs/eval") / preset
+    if args.templates_from:
+        if "prompt_templates" in cfg.agent:
+            raise ConfigError("--templates-from: give it or --set prompt_templates=FILE, not both")
+        cfg.agent = merge(templates_from(args.templates_from, cfg.out), cfg.agent)
     return cfg.validate()
 
 

@@ -23,7 +23,7 @@ LAYERS = [
     {"preflight", "viewer", "verl_plugin"},
     {"cpu", "sft"},
     {"console", "eval", "export"},
-    {"distill", "inspect", "plugin", "main"},
+    {"distill", "inspect", "plugin", "main", "config_reference"},
 ]
 
 

@@ -34,10 +34,10 @@ class BootstrapSettings:
     """``infmem.bootstrap``: what to build when missing."""
 
     model: Literal["tiny_qwen3", "warm_qwen3"] = "tiny_qwen3"  # used when actor_rollout_ref.model.path is null
-    train_samples: int = 4
-    val_samples: int = 2
-    doc_tokens: int = 16000
-    seed: int = 0
+    train_samples: int = 4  # synthetic questions written to data.train_files when absent
+    val_samples: int = 2  # and to data.val_files (drawn from seed + 1000)
+    doc_tokens: int = 16000  # length of each synthetic document
+    seed: int = 0  # of the training questions and their documents
 
     def validate(self, path: str) -> BootstrapSettings:
         for name in ("train_samples", "val_samples", "doc_tokens"):
