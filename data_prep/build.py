@@ -34,6 +34,7 @@ from typing import Any, Iterable, Iterator, Literal, Sequence
 
 import numpy as np
 
+from infmem_verl.cli import exit_on_input_error, take_traceback_flag
 from infmem_verl.data.sample import QASample
 
 from .closed_book import ClosedBookSettings, keep_unanswered, load_policy
@@ -520,12 +521,12 @@ def parse_args(argv: Sequence[str] | None = None) -> BuildSpec:
 
 
 def main(argv: Sequence[str] | None = None) -> list[JobResult]:
-    spec = parse_args(argv)
-    try:
-        return build(spec)
-    except (DataError, ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+    """Build what the command line asks; bad input ends in one line and exit status 2
+    (:mod:`infmem_verl.cli`; the spec's own checks raise ValueError naming the option)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    take_traceback_flag(args)
+    with exit_on_input_error("data_prep.build", (ValueError,)):
+        return build(parse_args(args))
 
 
 if __name__ == "__main__":

@@ -50,11 +50,13 @@ class JsonRecord:
 def iter_json_records(path: str | os.PathLike) -> Iterator[JsonRecord]:
     """The records of ``path``: a JSON array (``[...]``) or JSON lines (one value per line).
 
-    The format is told by the first non-blank character. Malformed or truncated input raises
-    :class:`DataError` naming the file and line.
+    The format is told by the first non-blank character. Malformed or truncated input, text that
+    is not UTF-8 (a leading byte-order mark is accepted) and an object with a repeated key (JSON
+    would keep only the last) raise :class:`DataError` naming the file and line. ``NaN`` and
+    ``Infinity`` parse as Python's json parses them: as floats, which the record checks then judge.
     """
     path = Path(path)
-    with path.open(encoding="utf-8") as handle:
+    with _text(path) as handle:
         first = _first_char(handle)
         handle.seek(0)
         if first == "[":
@@ -63,14 +65,40 @@ def iter_json_records(path: str | os.PathLike) -> Iterator[JsonRecord]:
             yield from _json_lines(handle, path)
 
 
+@contextlib.contextmanager
+def _text(path: Path) -> Iterator[Any]:
+    """``path`` opened as UTF-8 text; a decoding error anywhere in it is a DataError naming it."""
+    try:
+        with path.open(encoding="utf-8-sig") as handle:
+            yield handle
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not UTF-8 text ({err.reason}, byte 0x{err.object[err.start]:02x}); save it as UTF-8") from None
+
+
+class _RepeatedKey(ValueError):
+    """An object with one key twice (raised inside the JSON parser, reported with the line)."""
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refusing a repeated key (``json`` would silently keep the last value)."""
+    value = dict(pairs)
+    if len(value) < len(pairs):
+        seen: set[str] = set()
+        repeated = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise _RepeatedKey(f"key {repeated!r} appears twice in one object (only one value can be meant)")
+    return value
+
+
 def load_json(path: str | os.PathLike) -> Any:
     """A whole JSON document (for small files such as SQuAD's); errors name the line."""
     path = Path(path)
     try:
-        with path.open(encoding="utf-8") as handle:
-            return json.load(handle)
+        with _text(path) as handle:
+            return json.load(handle, object_pairs_hook=_object)
     except json.JSONDecodeError as err:
         raise DataError(f"{path}:{err.lineno}: malformed or truncated JSON: {err.msg} (column {err.colno})") from None
+    except _RepeatedKey as err:
+        raise DataError(f"{path}: {err}") from None
 
 
 def _first_char(handle) -> str:
@@ -89,11 +117,13 @@ def _json_lines(handle, path: Path) -> Iterator[JsonRecord]:
         if not line.strip():
             continue
         try:
-            value = json.loads(line)
+            value = json.loads(line, object_pairs_hook=_object)
         except json.JSONDecodeError as err:
             raise DataError(
                 f"{path}:{line_number}: malformed or truncated JSON line: {err.msg} (column {err.colno})"
             ) from None
+        except _RepeatedKey as err:
+            raise DataError(f"{path}:{line_number}: record #{number}: {err}") from None
         yield JsonRecord(number, line_number, value)
         number += 1
 
@@ -108,7 +138,7 @@ class _ArrayReader:
     def __init__(self, handle, path: Path) -> None:
         self.handle = handle
         self.path = path
-        self.decoder = json.JSONDecoder()
+        self.decoder = json.JSONDecoder(object_pairs_hook=_object)
         self.buffer = ""
         self.pos = 0
         # Line numbers are counted incrementally: ``line`` is the line of ``buffer[counted]``.
@@ -153,6 +183,8 @@ class _ArrayReader:
                 self._fill(more)
                 more *= 2
                 continue
+            except _RepeatedKey as err:
+                self._fail(f"record #{number}: {err}")
             # A number or literal cut by the end of the buffer decodes as a shorter one; an
             # element must be followed by a delimiter we have read to be complete.
             if end >= len(self.buffer) and not self.eof:
@@ -249,6 +281,7 @@ class ParquetRowWriter:
     def __init__(self, path: str | os.PathLike, schema: pa.Schema, row_group_size: int) -> None:
         if row_group_size < 1:
             raise ValueError(f"row_group_size: expected an integer >= 1, got {row_group_size}")
+        self.path = Path(path)
         self.schema = schema
         self.row_group_size = row_group_size
         self.rows: list[dict[str, Any]] = []

@@ -22,6 +22,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
+from infmem_verl.data.identity import IdLedger
 from infmem_verl.data.sample import QASample
 
 from .compose import render_context
@@ -73,8 +74,11 @@ class PublishedWriter:
     def __init__(self, handle, indices: bool = False) -> None:
         self._writer = JsonArrayWriter(handle)
         self.indices = indices
+        self._ids = IdLedger()
 
     def write(self, sample: QASample) -> None:
+        """Write ``sample``; one whose id an earlier sample has is refused (readers key by id)."""
+        self._ids.claim(sample.id, f"record #{len(self._ids)}")
         self._writer.write(published_record(sample, self.indices))
 
     def close(self) -> None:

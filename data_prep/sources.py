@@ -35,6 +35,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from infmem_verl.data.identity import IdLedger
+
 from .io import DataError, iter_json_records, load_json
 
 SOURCES = ("hotpotqa", "2wiki", "musique", "squad")
@@ -112,14 +114,15 @@ def load_source(source: str, path: str | os.PathLike, skip_invalid: bool = False
     interned: dict[str, str] = {}
     parsed: list[_Parsed] = []
     invalid: list[str] = []
-    first: dict[str, str] = {}  # id -> where it first occurred
+    ids = IdLedger()
     skipped = 0
     for item in _READERS[source](path):
         if item is None:
             skipped += 1
             continue
-        if isinstance(item, _Parsed) and item.id in first:
-            item = _Invalid(f"{item.where}: field 'id': {item.id!r} repeats the id of {first[item.id]}", (*item.gold, *item.distractors))
+        repeat = ids.repeat(item.id, item.where) if isinstance(item, _Parsed) else None
+        if repeat is not None:
+            item = _Invalid(repeat, (*item.gold, *item.distractors))
         if isinstance(item, _Invalid):
             if not skip_invalid:
                 raise DataError(f"{item.reason} (--skip-invalid leaves such questions out)")
@@ -127,7 +130,6 @@ def load_source(source: str, path: str | os.PathLike, skip_invalid: bool = False
             for p in item.paragraphs:
                 interned.setdefault(p, p)
             continue
-        first[item.id] = item.where
         # Shared paragraphs (the same article in many questions) are kept once in memory.
         item.gold = [interned.setdefault(p, p) for p in item.gold]
         item.distractors = [interned.setdefault(p, p) for p in item.distractors]

@@ -31,8 +31,9 @@ from typing import Any, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from infmem_verl.data.sample import QASample
 from infmem_verl.data.documents import ROW_GROUP_SIZE, make_ref, resolve
+from infmem_verl.data.identity import IdLedger
+from infmem_verl.data.sample import QASample
 
 from .io import ParquetRowWriter
 
@@ -110,7 +111,9 @@ class TrainingWriter:
     """Streams samples into a training parquet and its document store.
 
     ``out`` / ``store`` are the paths written now (temporary names during an atomic build);
-    ``final_store`` is where the store will live, the path the references name.
+    ``final_store`` is where the store will live, the path the references name. The store is
+    keyed by sample id, so a second sample with an id already written is refused
+    (:class:`~infmem_verl.data.identity.DuplicateIdError`), never stored over the first.
     """
 
     def __init__(
@@ -127,8 +130,11 @@ class TrainingWriter:
         row_group = _INLINE_ROW_GROUP if inline_context else _TRAIN_ROW_GROUP
         self._rows = ParquetRowWriter(out, training_schema(inline_context, agent_name is not None), row_group)
         self._docs = ParquetRowWriter(store, STORE_SCHEMA, ROW_GROUP_SIZE)
+        self._ids = IdLedger()
 
-    def write(self, sample: QASample) -> None:
+    def write(self, sample: QASample, where: str | None = None) -> None:
+        """Write ``sample``; ``where`` names it in a refusal (default: its row number)."""
+        self._ids.claim(sample.id, where or f"{self.final_store.name}: row {len(self._ids)}")
         row = training_row(sample, self.final_store, self.agent_name, self.inline_context)
         self._docs.write({"doc_id": sample.id, "text": sample.context})
         self._rows.write(row)

@@ -82,11 +82,13 @@ from infmem_verl.agent.trajectory import (
     FLAG_THINK_UNCLOSED,
     Trajectory,
 )
+from infmem_verl.cli import entry_point
+from infmem_verl.data.identity import IdLedger
 from infmem_verl.data.sample import QASample
 from infmem_verl.eval import comma_list
-from infmem_verl.evaluation.data import CellSource, LoadFailure, synthetic_sources
+from infmem_verl.evaluation.data import CellSource, LoadFailure, distinct, synthetic_sources
 from infmem_verl.evaluation.runner import Runner
-from infmem_verl.evaluation.store import MANIFEST, RETRY_POLICIES, ResultStore, RetryPolicy, check_retry_policy
+from infmem_verl.evaluation.store import CELL, MANIFEST, RETRY_POLICIES, ResultStore, RetryPolicy, check_retry_policy
 from infmem_verl.policy.source import ModelSource, OpenedModel, add_model_options, model_source, open_model
 from infmem_verl.reward.metrics import ANSWER_METRICS, score_answer
 from infmem_verl.sft.records import RecordError, TurnRecord, TurnStore, read_turns
@@ -369,16 +371,19 @@ class DistillRunner(Runner):
 
 
 def training_source(path: Path, limit: int | None) -> CellSource:
-    """The samples of a training parquet; a row that cannot become a sample is a LoadFailure."""
+    """The samples of a training parquet; a row that cannot become a sample, or whose id an
+    earlier row has, is a LoadFailure."""
 
     def items() -> Iterator[QASample | LoadFailure]:
         if not path.is_file():
             raise DataError(f"{path}: training file not found")
+        ids = IdLedger()
         for where, row in itertools.islice(training_rows(path), limit):
             try:
-                yield training_sample(row, where)
+                item: QASample | LoadFailure = training_sample(row, where)
             except (ValueError, KeyError, TypeError, OSError) as err:
-                yield LoadFailure(_row_id(row, where), f"{UNREADABLE_ROW}: {where}: {type(err).__name__}: {err}")
+                item = LoadFailure(_row_id(row, where), f"{UNREADABLE_ROW}: {where}: {type(err).__name__}: {err}")
+            yield distinct(ids, item, where, where)
 
     return CellSource(path.stem, "train", items)
 
@@ -495,7 +500,9 @@ class DistillReport:
 
 
 def summarize(records: Sequence[Mapping[str, Any]], build: SFTBuild) -> DistillReport:
-    """The report of the latest record of every sample."""
+    """The report of the latest record of every sample (a file that could not be read to its
+    end counts as a failure; the record saying it was read again later is no sample)."""
+    records = [r for r in records if not (r.get("sample_id") == CELL and r.get("status") == "ok")]
     dropped: Counter[str] = Counter()
     failed: Counter[str] = Counter()
     finished = kept = transient = privileged = shortened = 0
@@ -556,7 +563,7 @@ async def run_teacher(cfg: DistillConfig, teacher: OpenedModel | None = None) ->
         method = Teacher(agent, cfg, hints, shortener)
         runner = DistillRunner(model.policy, {agent_name: method}, store, cfg.source.concurrency, cfg.retry_failed, cfg.progress, turns=turns)
         counts = await runner.run([source or _source(cfg, model.tokenizer)])
-        print(f"[distill] this run: {counts.ran} samples run ({counts.failed} failed), {counts.skipped} already done")
+        print(f"[distill] this run: {counts.read} records read, {counts.ran} samples run ({counts.failed} failed), {counts.skipped} already done")
     finally:
         if owned:
             await model.close()
@@ -678,12 +685,9 @@ def _int(text: str, option: str) -> int:
         raise ConfigError(f"{option}: expected an integer or 'reference', got {text!r}") from None
 
 
+@entry_point("distill", (RecordError,))
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        asyncio.run(distill(parse_args(argv)))
-    except (ConfigError, DataError) as err:
-        print(f"[distill] {err}", file=sys.stderr)
-        return 2
+    asyncio.run(distill(parse_args(argv)))
     return 0
 
 

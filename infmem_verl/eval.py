@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from infmem_verl.agent.errors import ConfigError
+from infmem_verl.cli import entry_point
 from infmem_verl.policy.source import ModelSource, add_model_options, model_source, open_model
 
 from .evaluation.aggregate import aggregate
@@ -196,7 +197,8 @@ async def evaluate(cfg: EvalConfig) -> Path:
     stats = aggregate(store.latest(), cfg.published_backbone)
     header = (
         f"Model `{model}` ({cfg.source.describe()}), concurrency {cfg.source.concurrency}, context window {window}. "
-        f"This run: {counts.ran} samples run ({counts.failed} failed), {counts.skipped} already done."
+        f"This run: {counts.read} records read (once per method), {counts.ran} samples run ({counts.failed} failed), "
+        f"{counts.skipped} already done" + (f", {counts.unread} file(s) not read to their end." if counts.unread else ".")
     )
     variants = "".join(f" Variant **{name}**: {VARIANTS[name].description}." for name in cfg.variants)
     if variants or agent_cfg.prompt_templates:
@@ -216,12 +218,9 @@ async def evaluate(cfg: EvalConfig) -> Path:
     return report
 
 
+@entry_point("eval")
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        asyncio.run(evaluate(parse_args(argv)))
-    except ConfigError as err:
-        print(f"[eval] {err}", file=sys.stderr)
-        return 2
+    asyncio.run(evaluate(parse_args(argv)))
     return 0
 
 

@@ -26,6 +26,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from infmem_verl.cli import entry_point
+
 TRACKER = "latest_checkpointed_iteration.txt"
 FSDP_CONFIG = "fsdp_config.json"
 HF_FOLDER = "huggingface"
@@ -140,6 +142,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, overwrite: bool =
     return ExportResult(checkpoint=actor, out=out)
 
 
+@entry_point("export", (ExportError,))
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m infmem_verl.export",
@@ -149,11 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path, help="output folder (created; must be empty unless --overwrite)")
     parser.add_argument("--overwrite", action="store_true", help="write into a non-empty OUT")
     args = parser.parse_args(argv)
-    try:
-        result = export_checkpoint(args.checkpoint, args.out, overwrite=args.overwrite)
-    except ExportError as error:
-        print(f"export: {error}", file=sys.stderr)
-        return 2
+    result = export_checkpoint(args.checkpoint, args.out, overwrite=args.overwrite)
     step = "" if result.checkpoint.global_step is None else f" (step {result.checkpoint.global_step})"
     print(f"[infmem export] {result.checkpoint.path}{step} -> {result.out} (bfloat16; load with transformers or vLLM)")
     return 0

@@ -19,10 +19,12 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from .cli import entry_point
 from .viewer.load import ViewerError, load
 from .viewer.page import render
 
 
+@entry_point("inspect", (ViewerError,))
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="evaluation folder, training records folder or step file")
@@ -33,11 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--limit: expected an integer >= 1, got {args.limit}")
     first = args.paths[0]
     out = args.out or (first if first.is_dir() else first.parent) / "trajectories.html"
-    try:
-        runs = load(list(args.paths), args.limit)
-    except ViewerError as err:
-        print(f"[inspect] {err}", file=sys.stderr)
-        return 2
+    runs = load(list(args.paths), args.limit)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(render(runs, f"Trajectories: {', '.join(p.name for p in args.paths)}"), encoding="utf-8")

@@ -80,17 +80,44 @@ def _load(path: str, stamp: int) -> tuple[tuple[str, PromptTemplate], ...]:
     import yaml
 
     where = f"prompt_templates: {path}"
-    text = Path(path).read_text(encoding="utf-8")
     try:
-        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{where}: not UTF-8 text ({err.reason}); save it as UTF-8") from None
+    try:
+        data = json.loads(text, object_pairs_hook=_unique_keys) if path.endswith(".json") else yaml.load(text, _yaml_loader())
     except (ValueError, yaml.YAMLError) as err:
-        raise ConfigError(f"{where}: not valid {'JSON' if path.endswith('.json') else 'YAML'} ({err})") from None
+        # One line: YAML's messages spread over several, with the place marked.
+        detail = " ".join(str(err).split())
+        raise ConfigError(f"{where}: not valid {'JSON' if path.endswith('.json') else 'YAML'} ({detail})") from None
     if not isinstance(data, Mapping) or not data:
         raise ConfigError(f"{where}: expected a mapping of prompt kinds {sorted(SLOTS)} to templates")
     unknown = sorted(set(data) - set(SLOTS))
     if unknown:
         raise ConfigError(f"{where}: unknown prompt kind {unknown[0]!r}; expected some of {sorted(SLOTS)}")
     return tuple((kind, _template(data[kind], f"{where}: {kind}", SLOTS[kind])) for kind in data)
+
+
+def _unique_keys(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    """A mapping with each key once: a file naming a kind twice leaves it unclear which is meant."""
+    value = dict(pairs)
+    if len(value) < len(pairs):
+        keys = [key for key, _ in pairs]
+        raise ValueError(f"key {next(k for i, k in enumerate(keys) if k in keys[:i])!r} appears twice in one mapping")
+    return value
+
+
+@functools.cache
+def _yaml_loader():
+    """PyYAML's safe loader, refusing a key repeated in one mapping (it keeps the last silently)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            _unique_keys([(self.construct_object(key, deep=deep), None) for key, _ in node.value])
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
 
 
 def _template(value: Any, where: str, slots: tuple[str, ...]) -> PromptTemplate:

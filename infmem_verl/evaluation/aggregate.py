@@ -23,6 +23,7 @@ import numpy as np
 from .data import length_tokens
 from .methods import METHODS
 from .published import PublishedNumber, lookup
+from .store import CELL
 
 Z95 = 1.959963984540054  # two-sided 95% normal quantile
 
@@ -45,7 +46,7 @@ class CellStats:
     length: str
     method: str
     n: int  # samples scored
-    failed: int
+    failed: int  # samples that failed (n + failed: every record read, times the repeats)
     acc: float | None  # ours: whole-word gold-in-prediction over all golds
     acc_ci: tuple[float, float]
     acc_ref: float | None  # the papers': two-way sub-EM against the first gold
@@ -66,6 +67,8 @@ class CellStats:
     # What the cell's documents are: documents per context and tokens (the model's tokenizer).
     num_docs: tuple[int, int] | None = None  # (min, max)
     doc_tokens: tuple[float, int, int] | None = None  # (mean, min, max)
+    # Why the cell's file could not be read to its end (missing, truncated), if it could not.
+    unread: str | None = None
 
     @property
     def tokens(self) -> int:
@@ -84,12 +87,15 @@ def aggregate(records: Iterable[dict[str, Any]], backbone: str) -> list[CellStat
 
 def _cell(key: tuple[str, str, str], rows: list[dict[str, Any]], backbone: str) -> CellStats:
     dataset, length, method = key
+    cell = [r for r in rows if r["sample_id"] == CELL]
+    rows = [r for r in rows if r["sample_id"] != CELL]
+    unread = cell[-1].get("reason") if cell and cell[-1]["status"] != "ok" else None
     ok = [r for r in rows if r["status"] == "ok"]
     failed = [r for r in rows if r["status"] != "ok"]
     acc = _values(ok, "acc")
     acc_ref = _values(ok, "acc_ref")
     latency = _values(ok, "latency_s")
-    reasons = list(dict.fromkeys(r.get("reason", "") for r in failed))
+    reasons = list(dict.fromkeys([*([unread] if unread else []), *(r.get("reason", "") for r in failed)]))
     return CellStats(
         dataset=dataset,
         length=length,
@@ -114,6 +120,7 @@ def _cell(key: tuple[str, str, str], rows: list[dict[str, Any]], backbone: str) 
         acc_ref_by_repeat=_by_repeat(ok, "acc_ref"),
         num_docs=_span(_values(ok, "num_docs")),
         doc_tokens=_mean_span(_values(ok, "doc_tokens")),
+        unread=unread,
     )
 
 

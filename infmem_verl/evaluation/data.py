@@ -2,7 +2,8 @@
 
 A :class:`CellSource` is one dataset at one length. It yields samples one at a time (a 1M-token
 file is never loaded whole), and a record that cannot become a sample (a missing field, a bad
-index) is yielded as a :class:`LoadFailure` with the reason, so the run records it and goes on.
+index, an id an earlier record has) is yielded as a :class:`LoadFailure` with the reason, so the
+run records it and goes on.
 A file that cannot be read at all raises :class:`~data_prep.io.DataError`.
 
 Lengths are labels such as ``64k`` or ``1m`` (binary units, as the reference's 65536 ... 1048576
@@ -24,6 +25,7 @@ from typing import Callable, Iterator, Sequence
 from data_prep.compose import parse_size
 from data_prep.io import DataError, iter_json_records
 from data_prep.published import published_sample
+from infmem_verl.data.identity import IdLedger
 from infmem_verl.data.sample import QASample
 from infmem_verl.data.synthetic import make_sample
 
@@ -93,14 +95,37 @@ def _file_items(dataset: str, path: Path, pool: Callable[[], Sequence[str] | Non
     if not path.is_file():
         raise DataError(f"{path}: evaluation file of {dataset} not found")
     records = iter_json_records(path)
+    ids = IdLedger()
     for record in itertools.islice(records, limit):
         where = f"{path}:{record.line}: record #{record.number}"
         value = record.value
         try:
             contexts_are_indices = isinstance(value, dict) and isinstance(value.get("context"), list)
-            yield published_sample(value, where, path.stem, pool() if contexts_are_indices else None, dataset)
+            item: Item = published_sample(value, where, path.stem, pool() if contexts_are_indices else None, dataset)
         except (DataError, ValueError) as err:
-            yield LoadFailure(_record_id(value, path.stem, record.number), str(err))
+            item = LoadFailure(_record_id(value, path.stem, record.number), str(err))
+        # Without an 'id' the id derives from 'index' (the reference's files): name that field.
+        named = "id" if isinstance(value, dict) and "id" in value else "index"
+        yield distinct(ids, item, where, f"{path.stem}#record{record.number}", named)
+    if not len(ids):
+        raise DataError(f"{path}: no records (an empty file or array); expected the evaluation records of {dataset}")
+
+
+def distinct(ids: IdLedger, item: Item, where: str, position: str, field: str = "id") -> Item:
+    """``item``, or, when its id repeats one an earlier item of the same input had, a failure
+    naming both places, under ``position`` (an id of its own, so the results store keeps both).
+
+    Every record read thus ends in exactly one result: a report's n + failed add up to the
+    records read.
+    """
+    sample_id = item.sample_id if isinstance(item, LoadFailure) else item.id
+    refusal = ids.repeat(sample_id, where, field)
+    if refusal is None:
+        return item
+    while position in ids:  # a record really has this id: the failure needs one of its own
+        position += "+"
+    ids.repeat(position, where)
+    return LoadFailure(position, f"{item.reason}; {refusal}" if isinstance(item, LoadFailure) else refusal)
 
 
 def _record_id(value: object, stem: str, number: int) -> str:

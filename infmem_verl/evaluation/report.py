@@ -54,7 +54,8 @@ def write_report(
     if failures:
         lines += ["## Failures", ""]
         for s in failures:
-            lines += [f"- {s.dataset} {s.length} {s.method}: {s.failed} failed; " + "; ".join(r[:200] for r in s.failure_reasons)]
+            unread = "file not read to its end; " if s.unread else ""
+            lines += [f"- {s.dataset} {s.length} {s.method}: {unread}{s.failed} failed; " + "; ".join(r[:200] for r in s.failure_reasons)]
         lines.append("")
     sources = sorted({s.published.source for s in stats if s.published is not None})
     if sources:
@@ -82,7 +83,9 @@ def column_legend(stats: Sequence[CellStats], preset: Preset) -> list[str]:
     return [
         "Columns:",
         "",
-        "- **n**: scored runs (questions × repeats); **failed**: runs that failed, counted apart, never scored",
+        "- **n**: scored runs (questions × repeats); **failed**: runs that failed, counted apart, never scored "
+        "(a record that cannot become a sample, or repeats an earlier record's id, is one): n + failed is every "
+        "record read times the repeats; **+ file unread**: the file could not be read to its end (see Failures)",
         f"- **acc % [95% CI]**: {headline_label}, with the 95% Wilson interval over all scored runs",
         *repeats,
         f"- **other acc %**: {other_label}",
@@ -145,7 +148,7 @@ def markdown_table(stats: Sequence[CellStats], preset: Preset, backbone: str) ->
             s.length,
             METHOD_LABELS.get(s.method, s.method),
             str(s.n),
-            str(s.failed),
+            str(s.failed) + (" + file unread" if s.unread else ""),
             f"{_pct(acc)} [{_pct(ci[0])}, {_pct(ci[1])}]" if acc is not None else "-",
             *([f"{_pct(spread[0])} ± {_pct(spread[1])} ({len(s.acc_by_repeat)})" if spread else "-"] if repeated else []),
             _pct(other),

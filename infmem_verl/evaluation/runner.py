@@ -29,20 +29,24 @@ from infmem_verl.reward.metrics import score_answer
 
 from .data import CellSource, LoadFailure
 from .methods import MethodOutcome
-from .store import Key, ResultStore, RetryPolicy
+from .store import CELL, Key, ResultStore, RetryPolicy
 from .trajectories import TrajectoryWriter
 
-CELL = "__cell__"  # sample id of a record that fails a whole cell (its file is missing)
 _ANSWER_CHARS = 500
 
 
 @dataclass
 class RunCounts:
-    """What a run did: samples run, skipped as already done, and failed."""
+    """What a run did: records read from its sources, samples run, skipped as already done,
+    failed (of those run), and cells whose file could not be read to its end.
 
+    Every record read ends in exactly one result per repeat: ``ran + skipped == read * repeats``."""
+
+    read: int = 0
     ran: int = 0
     skipped: int = 0
     failed: int = 0
+    unread: int = 0
 
 
 class Runner:
@@ -92,7 +96,9 @@ class Runner:
                     break
                 if item is None:
                     slots.release()
+                    self._cell_read(source, method)
                     break
+                self.counts.read += 1
                 sample_id = item.sample_id if isinstance(item, LoadFailure) else item.id
                 keys = [Key(source.dataset, source.length, method, sample_id, r) for r in range(self.repeats)]
                 pending = [key for key in keys if self.store.should_run(key, self.retry_failed)]
@@ -140,8 +146,20 @@ class Runner:
 
     def _fail_cell(self, source: CellSource, method: str, reason: str) -> None:
         # Transient: the file may be there next time; a resume should look again.
-        self._write(Key(source.dataset, source.length, method, CELL), _failed(reason, transient=True))
+        self._cell_record(source, method, _failed(reason, transient=True))
+        self.counts.unread += 1
         print(f"[eval] {source.dataset} {source.length} {method}: {reason}", file=sys.stderr)
+
+    def _cell_read(self, source: CellSource, method: str) -> None:
+        """After a cell's file was read to its end: supersede an earlier run's "could not read"."""
+        earlier = self.store.records.get(Key(source.dataset, source.length, method, CELL))
+        if earlier is not None and earlier["status"] != "ok":
+            self._cell_record(source, method, {"status": "ok"})
+
+    def _cell_record(self, source: CellSource, method: str, fields: dict[str, Any]) -> None:
+        """The cell's own record (not a sample's: the counts of samples leave it out)."""
+        self.store.append({"dataset": source.dataset, "length": source.length, "method": method, "sample_id": CELL,
+                           "repeat": 0, "run_id": self.run_id, **fields})  # fmt: skip
 
     def _write(self, key: Key, fields: dict[str, Any]) -> None:
         record = {"dataset": key.dataset, "length": key.length, "method": key.method, "sample_id": key.sample_id,

@@ -16,9 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Literal, Mapping, get_args
 
+from data_prep.io import DataError, load_json
 from infmem_verl.agent.errors import ConfigError
 
 RESULTS = "results.jsonl"
+# Sample id of a cell's own record: its file could not be read (failed), or was read whole again.
+CELL = "__cell__"
 MANIFEST = "manifest.json"
 RECORD_VERSION = 1
 # Which failed samples a resumed run runs again (see ResultStore.should_run).
@@ -63,7 +66,7 @@ class ResultStore:
     def _check_manifest(self, protocol: dict[str, Any]) -> None:
         manifest = self.out_dir / MANIFEST
         if manifest.is_file():
-            saved = json.loads(manifest.read_text(encoding="utf-8"))
+            saved = load_json(manifest)
             difference = _first_difference(saved, protocol)
             if difference is not None:
                 raise ConfigError(
@@ -145,7 +148,7 @@ def _read_records(path: Path) -> Iterable[dict[str, Any]]:
                 record = json.loads(line)
                 Key.of(record)
             except (ValueError, KeyError, TypeError) as err:
-                raise ValueError(f"{path}:{number}: not a result record ({err}); the file was edited by hand?") from None
+                raise DataError(f"{path}:{number}: not a result record ({err}); the file was edited by hand?") from None
             yield record
 
 

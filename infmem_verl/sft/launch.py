@@ -20,7 +20,6 @@ valid. Then verl's ``run_sft`` runs on GPUs; without one, the CPU loop of
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from infmem_verl import conf_dir
 from infmem_verl.agent.errors import ConfigError
+from infmem_verl.cli import exit_on_input_error
 from infmem_verl.cpu.backend import choose_backend
 
 from .samples import TOKEN_COLUMNS, TokenizerStamp, check_columns, longest_sample, read_stamp
@@ -216,8 +216,5 @@ def run(config: DictConfig):
 
 @hydra.main(config_path=str(conf_dir() / "sft"), config_name="sft_trainer", version_base=None)
 def main(config: DictConfig) -> None:
-    try:
+    with exit_on_input_error("sft"):
         run(config)
-    except ConfigError as err:
-        print(f"[sft] {err}", file=sys.stderr)
-        sys.exit(2)

@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from data_prep.io import ParquetRowWriter
+from infmem_verl.data.identity import IdLedger
 
 from .records import TurnRecord
 
@@ -214,8 +215,12 @@ class SFTWriter:
         self.thinking = thinking
         stamp = json.dumps(TokenizerStamp.of(tokenizer).to_json()).encode("utf-8")
         self._rows = ParquetRowWriter(path, SFT_SCHEMA.with_metadata({METADATA_KEY: stamp}), ROW_GROUP_SIZE)
+        self._rows_written = IdLedger("sample_id, turn, copy")
 
     def write(self, sample: SFTSample, sample_id: str, source: str) -> None:
+        """Write one row; a second row of the same sample, turn and copy is refused (two
+        trajectories under one sample id would be trained twice, one of them unnamed)."""
+        self._rows_written.claim((sample_id, sample.turn, sample.copy), f"{self._rows.path}: row {len(self._rows_written)}")
         prompt = sample.input_ids[: sample.prompt_tokens]
         response = sample.input_ids[sample.prompt_tokens :]
         prompt_text = self.tokenizer.decode(prompt.tolist(), skip_special_tokens=False)

@@ -20,12 +20,15 @@ directory); move data with ``infmem.documents.root`` and relative references ins
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from data_prep.io import DataError, iter_json_records
 from data_prep.training import AGENT_LOOPS, TrainingWriter, store_path
+from infmem_verl.cli import entry_point
+from infmem_verl.data.identity import IdLedger
 from infmem_verl.data.sample import QASample
 
 
@@ -50,15 +53,25 @@ def write_verl_dataset(
 
 
 def _read_records(path: Path) -> list[QASample]:
-    samples = []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if line.strip():
-                samples.append(QASample.from_record(json.loads(line), where=f"{path}:{number}"))
+    """Every record of ``path``, checked (fields, unique ids) before anything is written."""
+    if not path.is_file():
+        raise DataError(f"--records {path}: file not found")
+    samples, ids = [], IdLedger()
+    for record in iter_json_records(path):
+        where = f"{path}:{record.line}"
+        try:
+            sample = QASample.from_record(record.value, where=where)
+        except ValueError as err:
+            raise DataError(str(err)) from None
+        ids.claim(sample.id, f"record {where}")
+        samples.append(sample)
+    if not samples:
+        raise DataError(f"--records {path}: no records; expected JSON lines of id, question, answers, context")
     return samples
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+@entry_point("dataset")
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--records", type=Path, help="JSON lines of QASample records (id, question, answers, context)")
@@ -80,7 +93,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         samples = make_dataset(args.synthetic, args.tokens, load_tokenizer(), seed=args.seed)
     out, store = write_verl_dataset(samples, args.out, args.store, args.agent_loop)
     print(f"wrote {len(samples)} rows to {out} (documents in {store})")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
