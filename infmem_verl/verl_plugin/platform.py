@@ -1,0 +1,124 @@
+"""verl's platform hook for a CPU: the ``cpu`` platform, chosen with ``VERL_PLATFORM=cpu``.
+
+verl 0.9.1 reaches the accelerator only through ``verl.plugin.platform.get_platform()`` (device
+name and module, process-group backend, Ray resource name, visible-devices variable, rollout
+environment). It ships NVIDIA, Ascend and ROCm platforms and lets plugins register more
+(``PlatformRegistry.register``); this module registers one for CPUs, so verl's own
+``ActorRolloutRefWorker`` (FSDP engine, gloo process group) and its vLLM server (on vLLM's CPU
+build) run unchanged on a machine without a GPU.
+
+* **Ranks are Ray ``GPU`` slots.** verl places every trainer rank on one unit of the resource the
+  platform names, and its resource check counts Ray's ``GPU`` resource by that name; on CPU those
+  are logical slots (``ray.init(num_gpus=N)``), one per rank. Ray then sets
+  ``CUDA_VISIBLE_DEVICES`` per rank, which nothing on a CPU reads.
+* **gloo** is the collective backend (verl's process group becomes ``cpu:gloo,cpu:gloo``).
+* **Never auto-detected**: :meth:`PlatformCPU.is_platform_available` is false, so a GPU machine
+  keeps verl's own detection; only ``VERL_PLATFORM=cpu`` selects this platform.
+* The rollout environment gives vLLM's CPU build a small KV cache and leaves thread binding to
+  the OS (see :data:`ROLLOUT_ENV`).
+
+Registered from :mod:`infmem_verl.plugin` when ``verl.plugin.platform`` is imported (``import
+verl`` does so before it loads plugins, and nothing asks for the platform before that).
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from types import ModuleType
+from typing import Any
+
+import torch
+from verl.plugin.platform import PlatformBase, PlatformRegistry
+
+PLATFORM = "cpu"
+# vLLM's CPU build, as a rollout replica beside the trainer ranks on the same cores:
+# * VLLM_CPU_KVCACHE_SPACE: GiB of KV cache (its default of 4 per engine is more than a small
+#   model at CI's lengths uses);
+# * VLLM_CPU_OMP_THREADS_BIND=nobind: vLLM otherwise pins its OpenMP threads to cores, one per
+#   core, and they spin there; the trainer ranks and Ray's own processes share those cores.
+ROLLOUT_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+
+
+@PlatformRegistry.register(platform=PLATFORM)
+class PlatformCPU(PlatformBase):
+    """The CPU as verl's accelerator: one process per rank, gloo collectives, no device memory."""
+
+    @property
+    def device_name(self) -> str:
+        return "cpu"
+
+    @property
+    def vendor_name(self) -> str:
+        return "cpu"
+
+    @property
+    def device_module(self) -> ModuleType:
+        return torch.cpu
+
+    def is_available(self) -> bool:
+        return True
+
+    def is_platform_available(self, use_smi_check: bool = False) -> bool:
+        return False  # only VERL_PLATFORM=cpu selects it (see the module docstring)
+
+    def current_device(self) -> int:
+        return 0
+
+    def device_count(self) -> int:
+        return 1
+
+    def set_device(self, device_index: int) -> None:
+        pass  # one device per process
+
+    def synchronize(self, device_index: int | None = None) -> None:
+        torch.cpu.synchronize()
+
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def manual_seed_all(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def set_allocator_settings(self, settings: str) -> None:
+        pass  # the CPU allocator has no expandable segments
+
+    def empty_cache(self) -> None:
+        pass
+
+    def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
+        return None, None
+
+    def communication_backend_name(self) -> str:
+        return "gloo"
+
+    def visible_devices_envvar(self) -> str:
+        return "CUDA_VISIBLE_DEVICES"  # what Ray sets for its GPU slots
+
+    @contextmanager
+    def nvtx_range(self, msg: str):
+        yield
+
+    def profiler_start(self) -> None:
+        pass
+
+    def profiler_stop(self) -> None:
+        pass
+
+    def ray_resource_name(self) -> str:
+        return "GPU"
+
+    def ray_resource_options(self, num_gpus: float) -> dict[str, Any]:
+        return {"num_gpus": num_gpus}
+
+    def ray_noset_envvars(self) -> list[str]:
+        return ["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"]
+
+    def is_ipc_supported(self) -> bool:
+        return False
+
+    def rollout_env_vars(self) -> dict[str, str]:
+        return {key: os.environ.get(key, value) for key, value in ROLLOUT_ENV.items()}
+
+    def cudart(self) -> Any:
+        return None

@@ -1,0 +1,148 @@
+"""verl's own vLLM rollout server on vLLM's CPU build, driven through our Policy adapter.
+
+    VERL_PLATFORM=cpu python tests/verl_vllm_server.py MODEL_DIR WORK_DIR
+
+Run by tests/test_verl_vllm_server.py in the verl + vLLM environment (``.venv-vllm``). The path is
+a GPU run's: verl's ``LLMServerManager`` starts a standalone ``vLLMReplica`` (its
+``CheckpointEngineWorker`` on a Ray GPU slot, then the ``vLLMHttpServer`` actor running vLLM's
+``AsyncLLM``) on the ``cpu`` platform, verl's load balancer and ``LLMServerClient`` route the
+calls, and :class:`~infmem_verl.policy.verl_server.VerlServerPolicy` reads what comes back.
+
+The model served is MODEL_DIR's tiny Qwen3 re-initialised with larger weights (initializer range
+0.3: at the default 0.02 greedy decoding repeats one token forever), and it ends its responses
+at a token it really emits: its generation config lists, besides ``<|im_end|>``, the token that
+greedy decoding of the prompt (by transformers) first produces at position :data:`STOP_AT` or
+later. That is how Qwen3 itself lists a second end token (``<|endoftext|>``), and what the agent
+loop reads (``end_token_ids``).
+Writes WORK_DIR/result.json with what the server returned and the transformers log-probs of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+STOP_AT = 3  # the greedy token at this position (0-based) becomes an end token
+PROMPT = "The river flows past the old mill and"
+
+
+def greedy_tokens(model, prompt_ids: list[int], count: int) -> list[int]:
+    ids = torch.tensor([prompt_ids])
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=count, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt_ids) :].tolist()
+
+
+def token_log_probs(model, prompt_ids: list[int], tokens: list[int]) -> list[float]:
+    ids = torch.tensor([prompt_ids + tokens])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].float()
+    return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(tokens).unsqueeze(1)).squeeze(1).tolist()
+
+
+def served_model(source: Path, work: Path) -> tuple[Path, list[int], int, list[int]]:
+    """The served model (see the module docstring); the prompt ids, its extra end token, and the
+    greedy tokens."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    target = work / "model"
+    config = AutoConfig.from_pretrained(source)
+    config.initializer_range = 0.3
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    prompt_ids = tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
+    greedy = greedy_tokens(model, prompt_ids, 16)
+    stop = next(t for i, t in enumerate(greedy) if i >= STOP_AT and t not in greedy[:i])
+    model.generation_config = GenerationConfig(eos_token_id=[tokenizer.convert_tokens_to_ids("<|im_end|>"), stop])
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    return target, prompt_ids, stop, greedy
+
+
+def rollout_config(model_dir: Path):
+    from hydra import compose, initialize_config_dir
+
+    from infmem_verl import conf_dir
+
+    rollout = "actor_rollout_ref.rollout"
+    with initialize_config_dir(str(conf_dir()), version_base=None):
+        return compose(
+            "infmem_trainer",
+            overrides=[
+                "+recipe=smoke",
+                f"actor_rollout_ref.model.path={model_dir}",
+                f"{rollout}.load_format=auto",  # the real weights: no trainer syncs them here
+                f"{rollout}.dtype=float32",
+                f"{rollout}.enforce_eager=true",
+                f"{rollout}.free_cache_engine=false",
+                f"+{rollout}.enable_sleep_mode=false",
+                f"{rollout}.max_model_len=2048",
+                f"{rollout}.n_gpus_per_node=1",
+                f"{rollout}.nnodes=1",
+                f"{rollout}.calculate_log_probs=true",
+            ],
+        )
+
+
+async def calls(client, prompt_ids: list[int], eos_ids: list[int]) -> dict:
+    from infmem_verl.agent.policy import SamplingParams
+    from infmem_verl.policy.verl_server import VerlServerPolicy
+
+    # What verl's agent-loop worker passes (validation settings: greedy), with log-probs on.
+    sampling = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
+    policy = VerlServerPolicy(client, sampling, eos_ids)
+    ended = await policy.generate(prompt_ids, SamplingParams(max_tokens=16))
+    cut = await policy.generate(prompt_ids, SamplingParams(max_tokens=STOP_AT))
+    return {
+        name: {"token_ids": g.token_ids, "log_probs": g.log_probs, "finish_reason": g.finish_reason}
+        for name, g in (("ended", ended), ("cut", cut))
+    }
+
+
+def main(source: Path, work: Path) -> None:
+    os.environ["VERL_PLATFORM"] = "cpu"
+    started = time.monotonic()
+    model_dir, prompt_ids, stop, greedy = served_model(source, work)
+
+    import ray
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from verl.utils.model import get_generation_config
+    from verl.workers.rollout.llm_server import LLMServerManager
+
+    from infmem_verl.policy.transformers import end_token_ids
+
+    config = rollout_config(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    eos_ids = end_token_ids(tokenizer, get_generation_config(str(model_dir)))
+    # One Ray GPU slot: the replica's rank (the cpu platform's resource, see verl_plugin.platform).
+    ray.init(num_cpus=16, num_gpus=1, include_dashboard=False, runtime_env={"env_vars": {"VERL_PLATFORM": "cpu"}})
+    try:
+        ray_s = time.monotonic() - started
+        manager = LLMServerManager.create(config)
+        server_s = time.monotonic() - started
+        served = asyncio.run(calls(manager.get_client(), prompt_ids, eos_ids))
+    finally:
+        ray.shutdown()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    for call in served.values():
+        call["reference_log_probs"] = token_log_probs(model, prompt_ids, call["token_ids"])
+    result = {
+        "stop_token": stop,
+        "greedy": greedy,
+        "eos_ids": eos_ids,
+        "calls": served,
+        "seconds": {"ray_up": ray_s, "server_up": server_s, "total": time.monotonic() - started},
+    }
+    (work / "result.json").write_text(json.dumps(result))
+    print(json.dumps(result["seconds"]))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]))
