@@ -274,6 +274,72 @@ def test_the_command_line_dry_run_resolves_relative_data_paths_against_the_launc
     assert "(algorithm.adv_estimator): 'rloo'" in bad.stderr
 
 
+def test_the_checkpoint_folder_is_made_absolute_against_the_launch_directory(tmp_path):
+    from infmem_verl.preflight import resolve_paths
+
+    config = make_config("+recipe=infmem_4b", "trainer.resume_mode=resume_path",
+                         "trainer.resume_from_path=runs/a/global_step_50")  # fmt: skip
+    resolve_paths(config, launch_dir=str(tmp_path))
+    assert config.trainer.default_local_dir == f"{tmp_path}/checkpoints/infmem_verl/infmem_qwen3_4b"
+    assert config.trainer.resume_from_path == f"{tmp_path}/runs/a/global_step_50"
+
+
+IN_A_RAY_JOB = """
+import json
+from hydra import compose, initialize_config_dir
+from infmem_verl import conf_dir
+from infmem_verl.agent.errors import ConfigError
+from infmem_verl.preflight import resolve_paths
+for override in ("trainer.save_freq=50", "trainer.default_local_dir=/shared/ckpt", "trainer.save_freq=-1"):
+    with initialize_config_dir(str(conf_dir()), version_base=None):
+        config = compose("infmem_trainer", overrides=["+recipe=smoke", override, "trainer.resume_mode=disable"])
+    try:
+        resolve_paths(config)
+        print(json.dumps({"dir": config.trainer.default_local_dir}))
+    except ConfigError as error:
+        print(json.dumps({"error": str(error)}))
+"""
+
+
+def test_a_relative_checkpoint_folder_is_refused_in_a_ray_job(tmp_path):
+    """A real Ray job (job server, uploaded working directory): the entrypoint sees Ray's job
+    environment, and a relative folder of a run that saves is refused before anything starts."""
+    import json
+    import time
+
+    import ray
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    (tmp_path / "upload").mkdir()
+    (tmp_path / "upload" / "README").write_text("the job's working directory")
+    context = ray.init(num_cpus=1, include_dashboard=True, dashboard_port=0, logging_level="ERROR")
+    try:
+        client = JobSubmissionClient(f"http://{context.dashboard_url}")
+        env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        runtime_env = {"working_dir": str(tmp_path / "upload"), "env_vars": env}
+        script = tmp_path / "in_a_ray_job.py"
+        script.write_text(IN_A_RAY_JOB)
+        for _ in range(120):  # the job agent starts a few seconds after the head
+            try:
+                job = client.submit_job(entrypoint=f"{sys.executable} -W ignore {script}", runtime_env=runtime_env)
+                break
+            except RuntimeError:
+                time.sleep(1)
+        while client.get_job_status(job) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+            time.sleep(0.5)
+        logs = client.get_job_logs(job)
+        assert client.get_job_status(job) == JobStatus.SUCCEEDED, logs[-3000:]
+    finally:
+        ray.shutdown()
+    relative, absolute, not_saving = (json.loads(line) for line in logs.strip().splitlines() if line.startswith("{"))
+    assert relative["error"].startswith(
+        f"trainer.default_local_dir: 'checkpoints/infmem_verl/smoke' is relative, and this is the entrypoint of Ray job {job}"
+    )
+    assert "recipes/submit.sh --shared DIR" in relative["error"]
+    assert absolute == {"dir": "/shared/ckpt"}
+    assert not_saving["dir"].endswith("/checkpoints/infmem_verl/smoke")  # nothing saved or resumed: allowed
+
+
 def test_an_unreadable_document_store_is_named_with_the_node(tmp_path):
     train = training_file(tmp_path / "train.parquet", 16_000)
     store = tmp_path / "train_docs.parquet"
