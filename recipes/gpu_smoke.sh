@@ -36,6 +36,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 model="Qwen/Qwen3-0.6B"
 steps=2
 attn=flash
+optimizer_steps=2  # infmem.train.optimizer_steps_per_rl_step of the run (the smoke recipe's)
 out="${REPO_ROOT}/outputs/gpu_smoke"
 venv="${REPO_ROOT}/.venv-gpu"
 python_bin="python3"
@@ -90,7 +91,10 @@ health_check() {
   check "backend line names stock verl on the GPU ([infmem] backend: gpu)" grep -q '\[infmem\] backend: gpu' "${log}"
   check "${steps} training step(s) logged with trajectory metrics (infmem/reward, infmem/chunks_read, infmem/llm_calls)" \
     test "$(step_lines | grep 'infmem/reward:' | grep 'infmem/chunks_read:' | grep -c 'infmem/llm_calls:')" -ge "${steps}"
-  check "a fixed number of optimizer steps per RL step (infmem/optimizer_steps)" grep -q 'infmem/optimizer_steps:' "${log}"
+  # The count each update made, measured from verl's per-mini-batch metrics (one grad_norm per
+  # optimizer step): every step line must show the recipe's number.
+  check "${optimizer_steps} optimizer steps in each of the ${steps} RL step(s) (infmem/optimizer_steps:${optimizer_steps})" \
+    test "$(step_lines | grep -cE "infmem/optimizer_steps:${optimizer_steps}(\.0)?( |$)")" -ge "${steps}"
   check "finite loss and gradient norm (actor/pg_loss, actor/grad_norm)" \
     bash -c "grep -qE 'actor/grad_norm:[0-9]' '${log}' && ! grep -qE 'actor/(pg_loss|grad_norm):-?(nan|inf)' '${log}'"
   check "a validation pass (val-infmem/reward)" grep -q 'val-infmem/reward:' "${log}"
@@ -103,7 +107,7 @@ health_check() {
   cat <<EOF
 
 A healthy smoke run: the backend line, then one 'step:N - ...' line per step with
-infmem/optimizer_steps equal to infmem.train.optimizer_steps_per_rl_step (2 here), finite
+infmem/optimizer_steps equal to infmem.train.optimizer_steps_per_rl_step (${optimizer_steps} here), finite
 actor/pg_loss and actor/grad_norm, infmem/llm_calls a few per chunk read, infmem/chunks_read
 between 1 and the chunks per document (4 for the 16K-token smoke data), and a small
 infmem/log_prob_gap/mean (vLLM's log-probs against the FSDP actor's, per token).
@@ -184,6 +188,7 @@ train=(
   "${model_override}"
   "data.train_files=${out}/data/train.parquet" "data.val_files=${out}/data/val.parquet"
   "trainer.total_training_steps=${steps}" "trainer.test_freq=${steps}"
+  "infmem.train.optimizer_steps_per_rl_step=${optimizer_steps}"
   "trainer.save_freq=${steps}" trainer.resume_mode=disable
   "trainer.default_local_dir=${out}/checkpoints"
   "trainer.logger=[console,tensorboard]"

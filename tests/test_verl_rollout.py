@@ -180,7 +180,9 @@ class RecordingActorGroup:
 
     def update_actor(self, batch):
         self.extra_info = dict(batch.extra_info)
-        return {"metrics": {"mfu": [0.0], "pg_loss": [0.1]}}
+        # verl's engines: one grad_norm per optimizer step, a step per mini_batch_size rows
+        steps = len(batch.keys) // batch.extra_info["mini_batch_size"] * batch.extra_info["epochs"]
+        return {"metrics": {"mfu": [0.0], "pg_loss": [0.1], "grad_norm": [1.0] * steps}}
 
 
 @pytest.mark.parametrize("rows, dp, steps", [(1024, 8, 16), (96, 2, 4)])

@@ -11,7 +11,8 @@ optional, below):
   reference's 16 updates per step would become hundreds. Here an RL step always makes
   ``infmem.train.optimizer_steps_per_rl_step`` updates: the batch is padded (with verl's
   zero-weight padding rows) to a multiple of ``lcm(dp, n) * steps`` and each update takes
-  ``rows / steps`` rows.
+  ``rows / steps`` rows. ``infmem/optimizer_steps`` is the count the update made, measured from
+  verl's per-mini-batch metrics (one ``grad_norm`` per optimizer step), not the configured one.
 * **Per-trajectory loss normalization** (``infmem.train.loss_normalization=trajectory``). With
   token-mean aggregation a trajectory weighs as much as its tokens, so long never-stopping
   trajectories dominate the gradient and fight the early-stop reward. Each row's advantage is
@@ -190,6 +191,34 @@ class _DroppedRows:
             tq.kv_batch_put(keys=self.keys, partition_id=self.batch.partition_id, fields=self.advantages)
 
 
+class _RecordedUpdate:
+    """The actor worker group, keeping the per-mini-batch metrics its ``update_actor`` returns.
+
+    verl's ``_update_actor`` reduces them to means before anything else sees them, so the number
+    of optimizer steps an update made is read here: verl's engines record one ``grad_norm`` per
+    optimizer step (``verl/workers/engine/base.py: train_batch``), and with several data-parallel
+    ranks the worker group returns the first rank's list (FSDP's collectives keep the other ranks
+    in step with it).
+    """
+
+    def __init__(self, group):
+        self.group = group
+        self.metrics: dict | None = None
+
+    def update_actor(self, batch):
+        output = self.group.update_actor(batch)
+        self.metrics = dict(output["metrics"])
+        return output
+
+    def optimizer_steps(self) -> int:
+        if self.metrics is None or "grad_norm" not in self.metrics:
+            raise RuntimeError("actor update: verl's update returned no per-step grad_norm to count optimizer steps by")
+        return len(self.metrics["grad_norm"])
+
+    def __getattr__(self, name: str):
+        return getattr(self.group, name)
+
+
 @register_trainer("infmem_sync")
 class InfMemSyncTrainer(PPOTrainerSync):
     """verl's sync trainer with the three training changes of the module docstring, plus its
@@ -263,14 +292,16 @@ class InfMemSyncTrainer(PPOTrainerSync):
         dropped = self._drop_zero_advantage(batch, metrics) if self.infmem_cost.drop_zero_advantage else None
         trained = dropped.batch if dropped is not None else batch
         actor.ppo_mini_batch_size = len(trained) // (steps * n)
+        recorded = self.actor_rollout_wg = _RecordedUpdate(self.actor_rollout_wg)
         try:
             super()._update_actor(trained, metrics)
         finally:
+            self.actor_rollout_wg = recorded.group
             actor.ppo_mini_batch_size = configured
             if dropped is not None:
                 dropped.restore()
         self._passes["update"] = batch_rows(trained)
-        metrics["infmem/optimizer_steps"] = steps
+        metrics["infmem/optimizer_steps"] = recorded.optimizer_steps()
         metrics["infmem/rows_per_optimizer_step"] = len(trained) // steps
         return batch  # the whole step's batch: metrics and TransferQueue clean-up cover every row
 
