@@ -14,6 +14,7 @@ and ``python -m infmem_verl.export`` (verl's ``FSDPModelMerger``).
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,11 +63,27 @@ class CheckpointFiles:
 def save_checkpoint(engine: TorchEngine, folder: str | Path, tokenizer) -> None:
     """Write the engine's weights, optimizer, scheduler and RNG states to ``folder`` (verl's layout).
 
-    The caller (verl's trainer) writes the tracker file only after this returns, so a run killed
-    while saving resumes from the previous, complete checkpoint.
+    The files are written into ``<folder>.partial`` and the folder renamed into place once all of
+    them are, so ``folder`` never holds a half-written checkpoint: a full disk, an unwritable
+    folder or Ctrl-C during the save leaves the previous checkpoints as they were and raises. The
+    caller (verl's trainer) writes the tracker file only after this returns, so a resume loads
+    the previous, complete checkpoint.
     """
-    files = CheckpointFiles(Path(folder))
-    files.folder.mkdir(parents=True, exist_ok=True)
+    final = Path(folder)
+    partial = final.with_name(final.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)  # what an earlier save that did not finish left
+    partial.mkdir(parents=True)
+    try:
+        _write(engine, CheckpointFiles(partial), tokenizer)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    if final.exists():  # this step saved again (a run resumed from an earlier step)
+        shutil.rmtree(final)
+    partial.rename(final)
+
+
+def _write(engine: TorchEngine, files: CheckpointFiles, tokenizer) -> None:
     torch.save(engine.model.state_dict(), files.model)
     torch.save(engine.optimizer.state_dict(), files.optimizer)
     extra = {"lr_scheduler": engine.lr_scheduler.state_dict(), "rng": BaseCheckpointManager.get_rng_state()}
@@ -93,9 +110,25 @@ def load_checkpoint(engine: TorchEngine, folder: str | Path) -> None:
             f"own checkpoints. Export it (python -m infmem_verl.export {files.folder} OUT) and start from "
             "actor_rollout_ref.model.path=OUT"
         )
-    engine.model.load_state_dict(torch.load(files.model, map_location="cpu", weights_only=True))
-    engine.optimizer.load_state_dict(torch.load(files.optimizer, map_location="cpu", weights_only=True))
-    extra = torch.load(files.extra, map_location="cpu", weights_only=False)  # RNG states hold numpy objects
+    model = _read(files.model, files.folder, weights_only=True)
+    optimizer = _read(files.optimizer, files.folder, weights_only=True)
+    extra = _read(files.extra, files.folder, weights_only=False)  # RNG states hold numpy objects
+    # Everything is read before anything is restored: a bad file leaves the engine as it was.
+    engine.model.load_state_dict(model)
+    engine.optimizer.load_state_dict(optimizer)
     engine.lr_scheduler.load_state_dict(extra["lr_scheduler"])
     BaseCheckpointManager.load_rng_state(extra["rng"])
 
+
+def _read(path: Path, folder: Path, weights_only: bool):
+    """One file of a checkpoint; a missing or unreadable one (a save cut short by a full disk or
+    a kill, a damaged copy) is an error naming it and the way back to an earlier checkpoint."""
+    back = (f"the checkpoint {folder} is incomplete or damaged; resume from an earlier one with "
+            "trainer.resume_mode=resume_path trainer.resume_from_path=<run folder>/global_step_N")  # fmt: skip
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing; {back}")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=weights_only)
+    except (RuntimeError, EOFError, OSError, ValueError) as err:
+        first = str(err).splitlines()[0][:120] if str(err) else ""
+        raise ValueError(f"{path}: cannot be read ({type(err).__name__}: {first}); {back}") from None
