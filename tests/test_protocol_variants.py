@@ -5,7 +5,6 @@ MemAgent budget variants. Real Qwen3 tokenizer, real chat template, real rank_bm
 from __future__ import annotations
 
 import asyncio
-import shlex
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +18,7 @@ from infmem_verl.agent.protocol import PromptBuilder, ThinkSplit, decide_action,
 from infmem_verl.agent.retrieval import BM25Index
 from infmem_verl.agent.templates import load_templates
 from infmem_verl.assets import wiki_paragraphs
-from infmem_verl import eval as eval_cli
 from infmem_verl.evaluation.config import VARIANTS, EvalConfig
-from infmem_verl.evaluation.data import candidates
-from infmem_verl.evaluation.published import lookup
 from infmem_verl.policy.scripted import ScriptedPolicy
 
 TEMPLATES = Path(__file__).with_name("protocol_variant_templates.yaml")
@@ -236,23 +232,6 @@ def test_the_reference_protocols_write_the_memory_before_the_chunk(tokenizer, pr
     assert writes and cfg.write_layout == ("memory_first" if memory_first else "chunk_first")
     for text in writes:
         assert (text.index("<previous_memory>") < text.index("<current_chunk>")) is memory_first
-
-
-def test_the_readme_command_for_a_released_memagent_checkpoint_parses_to_that_protocol():
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    block = readme[readme.index("python -m infmem_verl.eval --endpoint http://127.0.0.1:8000 --tokenizer") :]
-    command = shlex.split(block[: block.index("```")].replace("\\\n", " "), comments=True)
-    ours = f"prompt_templates={TEMPLATES}"  # the README's file is the user's; ours stands in for it
-    args = [ours if a == "prompt_templates=memagent_prompts.yaml" else a for a in command[3:]]
-    assert ours in args
-    cfg = eval_cli.parse_args(args)
-    agent = cfg.agent_config()
-    assert (agent.thinking, agent.answer_format, agent.temperature, agent.top_p) == (False, "answer_is", 0.7, 0.95)
-    assert agent.memory_tokens == 1024 and cfg.methods == ["memagent"] and cfg.resolved_preset().headline == "reference"
-    published = [lookup(cfg.published_backbone, "hotpotqa", length, "memagent") for length in cfg.lengths]
-    assert [p.accuracy for p in published] == [83.59, 82.03, 84.38, 80.47, 76.56, 81.25, 75.00, 77.34, 76.56, 78.12]
-    files = [candidates(Path("d"), "hotpotqa", length)[-1].name for length in cfg.lengths]
-    assert files[0] == "eval_50.json" and files[-2:] == ["eval_12800.json", "eval_25600.json"]
 
 
 def test_a_variant_setting_part_of_a_budget_keeps_the_rest_of_the_default():
