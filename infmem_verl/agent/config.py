@@ -264,7 +264,7 @@ class AgentConfig:
     answer_format: Literal["boxed", "answer_is"] = "boxed"
     # Order of a Write prompt's sections: "chunk_first" (question, chunk, memory, [evidence]): the
     # n rollouts of a document share the prompt up to the end of the chunk, which vLLM's prefix
-    # cache serves (measured: prefill left to compute -56% MemAgent, -53% InfMem; README lever e);
+    # cache serves (measured: prefill left to compute -56% MemAgent, -53% InfMem; docs/training.md, lever e);
     # or "memory_first" (question, memory, [evidence], chunk; MemAgent's reference order, kept by
     # the evaluation protocols that reproduce the reference systems).
     write_layout: Literal["memory_first", "chunk_first"] = "chunk_first"
