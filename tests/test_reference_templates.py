@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from infmem_verl.agent.errors import ConfigError
+from infmem_verl.agent.protocol import PromptBuilder, parse_action
 from infmem_verl.agent.templates import load_templates
 from infmem_verl.eval import parse_args
 from infmem_verl.evaluation.reference_templates import LAYOUTS, TEMPLATES_FILE
@@ -112,3 +113,21 @@ def test_a_wrong_checkout_or_a_second_template_file_is_refused(tmp_path):
     root = checkout(tmp_path / "MemAgent", "memagent", MEMAGENT)
     with pytest.raises(ConfigError, match="give it or --set prompt_templates=FILE, not both"):
         parse_args(["--templates-from", str(root), "--set", "prompt_templates=mine.yaml"])
+
+
+def test_the_templates_read_build_the_prompts_the_checkpoint_sees(tokenizer, tmp_path):
+    """Through the real prompt builder and Qwen3 chat template: the checkout's text with our slots
+    filled, the tool described in PreThink's system message, and the qwen_agent call parsed."""
+    root = checkout(tmp_path / "InfMem", "infmem", INFMEM)
+    cfg = parse_args(["--templates-from", str(root), "--out", str(tmp_path / "run"), "--set", "record_token_ids=true"])
+    agent = cfg.agent_config()
+    builder = PromptBuilder(tokenizer, agent)
+    question, memory = builder.encode("Who designed the stadium"), builder.encode("It opened in 1936")
+    chunk, unit = builder.encode("The architect Werner March built it"), builder.encode("March was born in Berlin")
+    write = builder.decode(builder.write(question, memory, chunk, [unit]).ids)
+    assert "Question Who designed the stadium\nFound: [Retrieved #1] March was born in Berlin\nPassage: The architect Werner March" in write
+    prethink = builder.decode(builder.prethink(question, memory, [], 0, 3).ids, skip_special_tokens=False)
+    assert prethink.startswith("<|im_start|>system\n# Tools") and "✿FUNCTION✿: lookup" in prethink
+    assert "Plan retrieval for Who designed the stadium." in prethink
+    action = parse_action('✿FUNCTION✿: lookup\n✿ARGS✿: {"query": "stadium architect", "top_k": 3}', agent.retrieval, agent.controller)
+    assert (action.kind, action.query, action.top_k) == ("retrieve", "stadium architect", 3)
