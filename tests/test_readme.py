@@ -117,15 +117,17 @@ def test_the_gpu_install_and_its_environment(tmp_path):
     assert f"{REPO / venv}/bin/python -m pip install -r {REPO}/requirements/gpu.txt" in done.stdout
 
 
-def test_the_data_command_writes_the_file_the_recipe_reads():
+def test_the_data_commands_write_the_files_the_recipe_reads():
     from data_prep.build import output_name, parse_args
 
-    [build] = of_kind("data_prep.build")
-    spec = parse_args(build[3:])
-    (target,) = spec.targets
+    written = []
+    for build in of_kind("data_prep.build"):
+        spec = parse_args(build[3:])
+        (target,) = spec.targets
+        written.append(str(spec.out_dir / output_name(spec, target)))
     with initialize_config_dir(str(conf_dir()), version_base=None):
         config = compose("infmem_trainer", overrides=["+recipe=infmem_4b"])
-    assert config.data.train_files == str(spec.out_dir / output_name(spec, target))
+    assert written == [config.data.train_files, config.data.val_files]
 
 
 def test_the_training_commands_compose_and_the_dry_run_checks_the_gpu_recipe(capsys):
