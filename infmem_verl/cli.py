@@ -43,17 +43,29 @@ def take_traceback_flag(argv: list[str]) -> None:
 
 
 def error_line(err: BaseException) -> str:
-    """The one line that reports ``err``: its message, or for a file error the file and why."""
+    """The one line that reports ``err``: its message (a message of several lines, such as every
+    failed pre-flight check or Hydra's, joined with "; "), or for a file error the file and why."""
     if isinstance(err, OSError) and err.filename is not None:
         return f"{err.filename}: {err.strerror or type(err).__name__}"
-    return str(err) or type(err).__name__
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return "; ".join(lines) or type(err).__name__
 
 
-def report_input_error(prog: str, err: BaseException) -> int:
+def hydra_error_line(err: BaseException) -> str:
+    """Hydra's message in one line: its config search path left out, a list of options inline."""
+    text = str(err).split("Config search path:")[0]
+    head, listed, options = text.partition("Available options in")
+    if not listed:
+        return error_line(Exception(text))
+    group, _, names = options.partition(":")
+    return f"{error_line(Exception(head))}; available options in{group}: {', '.join(names.split())}"
+
+
+def report_input_error(prog: str, err: BaseException, line: str | None = None) -> int:
     """Print ``err`` for the user (its traceback first when asked) and return :data:`EXIT_INPUT`."""
     if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
         traceback.print_exception(err)
-    print(f"[{prog}] {error_line(err)}", file=sys.stderr, flush=True)
+    print(f"[{prog}] {line or error_line(err)}", file=sys.stderr, flush=True)
     return EXIT_INPUT
 
 
@@ -65,6 +77,25 @@ def exit_on_input_error(prog: str, errors: tuple[type[BaseException], ...] = ())
         yield
     except INPUT_ERRORS + errors as err:
         raise SystemExit(report_input_error(prog, err)) from None
+
+
+def run_hydra(main: Callable[[], None], prog: str) -> None:
+    """Run a Hydra main from its ``__main__``: a bad override, an unknown config group option or a
+    key missing from the config is one line and exit status 2, like every other input error.
+
+    Hydra itself would print such an error over several lines and exit with status 1; with
+    ``HYDRA_FULL_ERROR=1`` it raises instead, and so does any fault of the run, with its whole
+    traceback.
+    """
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    take_traceback_flag(sys.argv)
+    os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+    try:
+        main()
+    except (HydraException, OmegaConfBaseException) as err:
+        raise SystemExit(report_input_error(prog, err, hydra_error_line(err))) from None
 
 
 def entry_point(prog: str, errors: tuple[type[BaseException], ...] = ()) -> Callable[[Callable[..., T]], Callable[..., T | int]]:

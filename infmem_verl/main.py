@@ -29,7 +29,7 @@ from omegaconf import DictConfig
 
 from infmem_verl import conf_dir
 from infmem_verl.agent.errors import ConfigError
-from infmem_verl.cli import exit_on_input_error, take_traceback_flag
+from infmem_verl.cli import exit_on_input_error, run_hydra
 from infmem_verl.cost import apply_cost_levers, dry_run_ledger
 from infmem_verl.console import console_mode, silence_known_warnings, take_verbose_flag
 from infmem_verl.cpu.backend import apply_cpu_backend, select_backend
@@ -258,5 +258,4 @@ if __name__ == "__main__":
         sys.exit(0)
     sys.argv[1:] = ["--help" if arg == FULL_HELP_FLAG else arg for arg in sys.argv[1:]]
     take_verbose_flag(sys.argv)
-    take_traceback_flag(sys.argv)
-    main()
+    run_hydra(main, "infmem")

@@ -1,9 +1,6 @@
 """``python -m infmem_verl.sft``: see :mod:`infmem_verl.sft.launch`."""
 
-import sys
-
-from infmem_verl.cli import take_traceback_flag
+from infmem_verl.cli import run_hydra
 from infmem_verl.sft.launch import main
 
-take_traceback_flag(sys.argv)
-main()
+run_hydra(main, "sft")
