@@ -7,6 +7,7 @@ setup(
     version="0.1.0",
     description="Bounded-memory agents (InfMem, MemAgent) for QA over ultra-long documents, trained with verl",
     python_requires=">=3.10,<3.13",
+    license="Apache-2.0",  # LICENSE
     # The top-level conf/ (Hydra configs and recipes) ships inside the package as infmem_verl/conf
     # (see infmem_verl.conf_dir); a checkout reads it where it is.
     packages=[*find_packages(include=["infmem_verl", "infmem_verl.*", "data_prep", "data_prep.*"]), "infmem_verl.conf"],
