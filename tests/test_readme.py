@@ -65,8 +65,10 @@ def kind(words: list[str]) -> str:
 def test_readme_is_a_front_door():
     text = README.read_text()
     assert len(text.splitlines()) <= 250
-    first_screen = "\n".join(text.splitlines()[:30])  # what has run, what has not, and the first command
+    first_screen = "\n".join(text.splitlines()[:30])  # what has run, what has not, a command per job
     assert "has **not** run" in first_screen and "## Quickstart 1" in first_screen
+    for command in ("`make smoke`", "`python -m infmem_verl.main +recipe=infmem_4b`", "--templates-from CHECKOUT"):
+        assert command in first_screen
     assert [t for t in readme_sections() if t.startswith("Quickstart")] == [
         "Quickstart 1: a laptop (CPU only)",
         "Quickstart 2: InfMem-4B on an 8-GPU node",
