@@ -51,10 +51,19 @@ def test_every_settings_record_the_code_reads_is_a_section_of_the_reference():
     assert read <= {section.record.__name__ for section in SECTIONS}, read
 
 
+def _anchors(page: Path) -> set[str]:
+    """GitHub's anchors of a Markdown page's headings."""
+    headings = re.findall(r"^#+ (.*)$", page.read_text(), flags=re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
 def test_links_in_the_readme_and_the_manual_resolve():
     broken = []
     for page in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]:
-        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
-            if not target.startswith(("http://", "https://")) and not (page.parent / target).exists():
-                broken.append(f"{page.relative_to(REPO)} -> {target}")
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", page.read_text()):
+            if target.startswith(("http://", "https://")):
+                continue
+            file = page.parent / target if target else page
+            if not file.exists() or (anchor and file.suffix == ".md" and anchor not in _anchors(file)):
+                broken.append(f"{page.relative_to(REPO)} -> {target}#{anchor}")
     assert not broken, broken
