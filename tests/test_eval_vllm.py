@@ -226,3 +226,41 @@ def test_killed_run_and_server_gone_mid_run_both_resume_and_redo_only_what_faile
     assert len(latest) == 6 and {r["status"] for r in latest.values()} == {"ok"}
     assert len(records(out)) == 6 + len(failed), "only the failed samples ran again"
     assert "accuracy_vs_length.png" in (out / "report.md").read_text()
+
+
+def test_load_at_concurrency_64_with_the_server_dropped_twice_ends_every_sample_exactly_once(vllm_server, tmp_path):
+    """96 questions, 64 in flight, against the real server behind the proxy, which goes away twice
+    mid-run and comes back: every sample ends exactly once (ok, or failed as transient), the run's
+    counts add up to the records read, and a resume runs exactly the failed ones. ~60 s."""
+    out = tmp_path / "load"
+    questions = 96
+    proxy = ThreadedProxy(vllm_server.url).start()
+    command = [
+        sys.executable, "-m", "infmem_verl.eval", "--endpoint", proxy.url, "--preset", "embedded", "--lengths", "1k",
+        "--samples", str(questions), "--methods", "full_context", "--concurrency", "64", "--retries", "0",
+        "--out", str(out), "--no-progress",
+    ]  # fmt: skip
+    try:
+        process = start_eval(command)
+        for done in (16, 48):  # drop the endpoint twice, each time with requests in flight
+            wait_for_records(out, done, process)
+            proxy.stop()
+            time.sleep(0.5)
+            proxy.start()
+        output, _ = process.communicate(timeout=RUN_TIMEOUT_S)
+        assert process.returncode == 0, output[-3000:]
+        first = records(out)
+        assert len(first) == len({r["sample_id"] for r in first}) == questions, "each sample ended exactly once"
+        failed = [r for r in first if r["status"] == "failed"]
+        assert failed, "dropping the endpoint with 64 requests in flight must fail some"
+        assert all(r["transient"] for r in failed), {r["reason"][:120] for r in failed if not r["transient"]}
+        assert f"{questions} records read (once per method), {questions} samples run ({len(failed)} failed), 0 already done" in output
+
+        output = finish(command)  # the resume: only the failed ones run again
+    finally:
+        proxy.close()
+    done = questions - len(failed)
+    assert f"{questions} records read (once per method), {len(failed)} samples run (0 failed), {done} already done" in output
+    latest = {r["sample_id"]: r for r in records(out)}
+    assert len(latest) == questions and {r["status"] for r in latest.values()} == {"ok"}
+    assert len(records(out)) == questions + len(failed)
