@@ -401,3 +401,65 @@ def test_recomputed_log_probs_match_rollout_and_policy_loss_trains(rollout, adva
     loss.backward()
     grad = torch.sqrt(sum((p.grad**2).sum() for p in model.parameters() if p.grad is not None))
     assert torch.isfinite(loss) and grad > 0  # non-zero advantages move the policy
+
+
+# ----------------------------------------------------- one vLLM replica per prompt group
+
+
+def test_the_n_rollouts_of_a_prompt_go_to_one_replica(ray_session, tiny_model_dir, tokenizer, tmp_path):
+    """Our registered loop, instantiated as verl's worker does, over verl's real ``LLMServerClient``
+    and sticky load balancer with two generation replicas: the n sessions of one prompt (one
+    ``uid``) send every call to the same replica; sessions without a shared key spread over both."""
+    import asyncio
+
+    import hydra
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, _agent_loop_registry
+    from verl.workers.rollout.llm_server import LLMServerClient
+    from verl.workers.rollout.router import get_router_handle
+
+    from infmem_verl.cpu.server import CPUGenerationServer
+    from infmem_verl.data.documents import pack_documents
+
+    with initialize_config_dir(str(conf_dir()), version_base=None):
+        config = compose(
+            "infmem_trainer",
+            overrides=[
+                f"actor_rollout_ref.model.path={tiny_model_dir}",
+                "infmem.cost.score_in_agent_loop=false",  # routing only: no reward here
+                "infmem.agent.document={chunk_tokens:256,unit_tokens:64,unit_overlap:16,paragraph_units:false}",
+                "infmem.agent.memory_tokens=24",
+                "infmem.agent.retrieval.evidence_tokens=128",
+                "infmem.agent.prethink={prompt_tokens:1024,thinking_tokens:8,output_tokens:12}",
+                "infmem.agent.write={prompt_tokens:null,thinking_tokens:8,output_tokens:24}",
+                "infmem.agent.answer={prompt_tokens:1024,thinking_tokens:8,output_tokens:12}",
+            ],
+        )
+    prepare_config(config)
+    sample = make_dataset(1, 512, tokenizer, seed=3)[0]  # two or three chunks: a Write each, then the answer
+    (ref,) = pack_documents([sample.context], tmp_path / "docs.parquet")
+    actor = ray.remote(num_cpus=1)(CPUGenerationServer)
+    servers = {f"replica-{i}": actor.remote(str(tiny_model_dir), seed=i) for i in range(2)}
+    client = LLMServerClient(config, load_balancer_handle=get_router_handle(servers=servers))
+
+    def calls() -> list[int]:
+        return ray.get([server.num_calls.remote() for server in servers.values()])
+
+    async def group(uid: str | None) -> None:
+        loop = hydra.utils.instantiate(
+            config=_agent_loop_registry["memagent_agent"], trainer_config=DictConfigWrap(config=config),
+            server_manager=client, tokenizer=tokenizer, processor=None, hf_model_type=None, dataset_cls=None,
+            data_config=DictConfigWrap(config.data), tools=None,
+        )  # fmt: skip
+        prompt = {"raw_prompt": [{"role": "user", "content": sample.question}], "document_ref": ref}
+        keys = {} if uid is None else {"uid": uid}
+        sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
+        await asyncio.gather(*(loop.run(dict(sampling), session_id=i, **prompt, **keys) for i in range(N)))
+
+    before = calls()
+    asyncio.run(group("prompt-0"))
+    grouped = [after - start for after, start in zip(calls(), before, strict=True)]
+    assert sum(grouped) >= N * 3 and sorted(grouped)[0] == 0  # every call of the group on one replica
+    before = calls()
+    asyncio.run(group(None))
+    spread = [after - start for after, start in zip(calls(), before, strict=True)]
+    assert min(spread) > 0  # a fresh id per trajectory: the least-loaded replica, so both

@@ -7,8 +7,9 @@ unchanged inside verl.
 
 Sampling is verl's: temperature, top_p, top_k and log-probs come from the sampling params verl
 passes to the agent loop (training or validation settings); the agent decides only ``max_tokens``
-per call. All calls of one trajectory share one request id, so verl's router keeps them on one
-server (sticky session: a two-stage continuation reuses its prompt's prefix cache).
+per call. All calls go with one request id (``request_id``; the agent loop passes its prompt
+group's, so the n rollouts of a prompt share it), so verl's sticky router keeps them on one server:
+a two-stage continuation reuses its prompt's prefix cache, and the group's rollouts each other's.
 
 No verl import: the client is duck-typed, which keeps this module testable on its own.
 """

@@ -102,6 +102,22 @@ def score_outputs(outputs: list[AgentLoopOutput], components: list[Component], s
     final.extra_fields["reward_extra_info"] = result["reward_extra_info"]
 
 
+def group_routing_key(sample: dict[str, Any]) -> str | None:
+    """The request id every call of the sample's n rollouts is sent with: its prompt's ``uid``.
+
+    verl's router is sticky by request id (``GlobalRequestLoadBalancer``: a new id goes to the least
+    loaded replica, a known one to the replica it went to), and its v1 agent-loop worker gives all
+    n sessions of a prompt the same ``uid``. One id per prompt group keeps the group on one vLLM
+    replica, so the ``chunk_first`` Writes of its rollouts share the chunk in that replica's prefix
+    cache; a trajectory's two-stage continuation stays with it too. The id reaching vLLM is a new
+    one per call (``LLMServerClient._vllm_request_id``; with ``rollout.full_determinism`` it is this
+    key, as verl's own loops then send ``det-<priority>`` for all n sessions). None (a fresh id per
+    trajectory) for a sample without a ``uid``.
+    """
+    uid = sample.get("uid")
+    return None if uid is None else f"group-{uid}"
+
+
 def question_from_prompt(raw_prompt: Any) -> str:
     """The text of the last user message of verl's ``raw_prompt`` (the dataset's prompt column)."""
     messages = list(raw_prompt) if raw_prompt is not None else []
@@ -171,7 +187,9 @@ class MemoryAgentLoop(AgentLoopBase):
         question = question_from_prompt(kwargs.get("raw_prompt"))
         ref = self._document_ref(kwargs)
         document = await self.loop.run_in_executor(None, documents.resolve, ref, settings.root, settings.cache_size)
-        policy = VerlServerPolicy(self.server_manager, sampling_params, self.runtime.eos_ids)
+        policy = VerlServerPolicy(
+            self.server_manager, sampling_params, self.runtime.eos_ids, request_id=group_routing_key(kwargs)
+        )
         trajectory = await self.runtime.agents[self.agent_name].run(policy, question, document)
         outputs = trajectory_outputs(trajectory, self.rollout_config.prompt_length, self.rollout_config.response_length)
         if self.runtime.reward is not None:
