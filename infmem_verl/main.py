@@ -3,6 +3,7 @@
     python -m infmem_verl.main +recipe=smoke                   # CPU or GPU, builds its own inputs
     python -m infmem_verl.main +recipe=infmem_4b [key=value ...]
     python -m infmem_verl.main +recipe=infmem_4b dry_run=true  # compose + validate, start nothing
+    python -m infmem_verl.main --help                          # the recipes and the common overrides
 
 The config is verl's ``ppo_trainer`` composed with the top-level ``conf/`` (groups ``agent``,
 ``reward_fn``, ``recipe``). Before any worker starts, :func:`prepare_config` checks what verl
