@@ -12,7 +12,10 @@ a stated model of Qwen3-4B's behaviour:
 
 * every call thinks past its 504-token thinking budget (audit W2), so every call is two-stage;
 * the controller retrieves with the question (top-4) and stops after half of the document;
-* the writer's memory is ``--memory-tokens`` tokens of text, the answer a short boxed one.
+* the writer's memory is ``--memory-tokens`` tokens of text, the answer a short boxed one;
+* the n rollouts of a document differ: each thinks, writes and queries its own text (the query is
+  the question plus the first words of its memory), so their prompts share only what the layout
+  makes common. What each call slot's n prompts share is read off their token ids.
 
 Reward groups: the first ``--zero-groups`` fraction of the 128 GRPO groups got the same reward
 for all n rollouts (zero advantage); with a binary reward and accuracy p that fraction is
@@ -21,7 +24,12 @@ p^n + (1-p)^n (0.25 at p = 0.3, n = 4).
 Levers: a = score inside the agent loop (no reward tensors shipped), b = rollout log-probs as
 old log-probs (``algorithm.rollout_correction.bypass_mode``), c = drop zero-advantage rows from
 the update, d = no reference pass at KL coefficient 0. c and d need ``kl_loss_coef=0`` (the
-reference trains with 0.001): their rows say so. "ours" is a + b + c + d.
+reference trains with 0.001): their rows say so, and so does b (the rollout's log-probs are not the
+trainer's). g = a prefix-grouped forward in every pass (:func:`infmem_verl.cost.pass_tokens`, under
+the recipe's micro-batch token caps): the reference objective unchanged, fewer tokens; verl 0.9.1's
+FSDP engine does not run it (README). The last lines compare, to the reference pipeline, "a+g" (the
+reference objective: KL loss 0.001, the trainer's old log-probs) and "a+b+c+d" (KL loss off,
+rollout log-probs standing in).
 
 Lever e (``infmem.agent.write_layout``) is measured, not modelled: the real CPU vLLM server
 (``.venv-vllm``, the tiny model) serves MemAgent and InfMem rollouts of both layouts, and its
@@ -33,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import replace
@@ -44,7 +53,16 @@ from infmem_verl.agent.config import AgentConfig
 from infmem_verl.agent.loops import build_agent
 from infmem_verl.agent.policy import SamplingParams
 from infmem_verl.assets import load_tokenizer, wiki_paragraphs
-from infmem_verl.cost import Call, Pipeline, PrefixCache, StepLedger, estimate_step, pipeline_of, prefix_cache_counters
+from infmem_verl.cost import (
+    Call,
+    Pipeline,
+    PrefixCache,
+    StepLedger,
+    estimate_step,
+    pipeline_of,
+    prefix_cache_counters,
+    token_caps,
+)
 from infmem_verl.data.synthetic import make_sample
 from infmem_verl.policy.scripted import ScriptedPolicy
 
@@ -60,7 +78,9 @@ LEVERS = {
     "b: rollout log-probs as old": Pipeline("b", old_log_prob=False),
     "c: drop zero-advantage rows (kl 0)": Pipeline("c", drop_zero_advantage=True),
     "d: no reference pass (kl 0)": Pipeline("d", reference=False),
+    "g: prefix-grouped forward": Pipeline("g", prefix_grouped=True),
 }
+AT_REFERENCE = Pipeline("a+g", reward_remote=False, prefix_grouped=True)
 OURS = Pipeline("ours", old_log_prob=False, reference=False, reward_remote=False, drop_zero_advantage=True)
 
 
@@ -83,10 +103,12 @@ def text_of(tokenizer, tokens: int, offset: int) -> str:
     return tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"][:tokens]).strip()
 
 
-def scripted_model(tokenizer, question: str, memory_tokens: int, stop_after: int) -> ScriptedPolicy:
-    """The stated model of the module docstring; the call kind is read off the prompt."""
-    thought = text_of(tokenizer, THINK_TOKENS, 0)
-    memory = text_of(tokenizer, memory_tokens, 100)
+def scripted_model(tokenizer, question: str, memory_tokens: int, stop_after: int, rollout: int = 0) -> ScriptedPolicy:
+    """The stated model of the module docstring for rollout ``rollout`` of a group; the call kind is
+    read off the prompt."""
+    thought = text_of(tokenizer, THINK_TOKENS, 7 * rollout)
+    memory = text_of(tokenizer, memory_tokens, 100 + 7 * rollout)
+    query = f"{question} {' '.join(memory.split()[:3])}"
     writes = [0]
 
     def respond(prompt: np.ndarray, params: SamplingParams) -> str:
@@ -99,7 +121,7 @@ def scripted_model(tokenizer, question: str, memory_tokens: int, stop_after: int
         elif "<search_history>" in text:
             stop = writes[0] >= stop_after
             call = '{"name": "stop", "arguments": {}}' if stop else (
-                '{"name": "retrieve", "arguments": {"query": %s, "top_k": 4}}' % repr(question).replace("'", '"')
+                '{"name": "retrieve", "arguments": {"query": %s, "top_k": 4}}' % json.dumps(query)
             )
             output = f"<tool_call>\n{call}\n</tool_call>"
         else:
@@ -109,23 +131,35 @@ def scripted_model(tokenizer, question: str, memory_tokens: int, stop_after: int
     return ScriptedPolicy(tokenizer, respond, record=False)
 
 
-def trajectory_rows(agent: str, cfg: AgentConfig, tokenizer, samples: int, memory_tokens: int) -> list[list[tuple]]:
-    """Per sample, one trajectory's rows ``(prompt, response, loss_tokens, Call)`` from the real loop."""
+def shared_prefix(prompts: Sequence[np.ndarray]) -> int:
+    """Leading tokens every one of ``prompts`` has in common."""
+    width = min(len(p) for p in prompts)
+    same = np.all(np.stack([p[:width] for p in prompts]) == prompts[0][:width], axis=0)
+    return int(width if same.all() else np.argmin(same))
+
+
+def group_rows(agent: str, cfg: AgentConfig, tokenizer, samples: int, memory_tokens: int, n: int) -> list[tuple[list, list]]:
+    """Per sample, its group of ``n`` trajectories from the real loop: each trajectory's rows
+    ``(prompt, response, loss_tokens, Call)``, and per trajectory and row the prompt tokens the row
+    shares with the same row of the group's other trajectories."""
     cache = DocumentCache(tokenizer, cfg.document, cfg.retrieval, cfg.retrieval.cache_size)
     loop = build_agent(agent, cfg, tokenizer, cache)
+    chunks = math.ceil(DOC_TOKENS / cfg.document.chunk_tokens)
     out = []
     for index in range(samples):
         sample = make_sample(index, DOC_TOKENS, tokenizer, seed=11)
-        chunks = math.ceil(DOC_TOKENS / cfg.document.chunk_tokens)
-        policy = scripted_model(tokenizer, sample.question, memory_tokens, stop_after=chunks // 2)
-        trajectory = asyncio.run(loop.run(policy, sample.question, sample.context))
-        out.append(
-            [
-                (t.prompt_tokens, t.response_tokens, t.generated_tokens, Call(t.llm_calls, t.prefill_tokens, t.generated_tokens))
-                for t in trajectory.turns
-                if t.response_tokens > 0
-            ]
-        )
+        turns = []
+        for rollout in range(n):
+            policy = scripted_model(tokenizer, sample.question, memory_tokens, chunks // 2, rollout)
+            trajectory = asyncio.run(loop.run(policy, sample.question, sample.context))
+            turns.append([t for t in trajectory.turns if t.response_tokens > 0])
+        rows = [
+            [(t.prompt_tokens, t.response_tokens, t.generated_tokens, Call(t.llm_calls, t.prefill_tokens, t.generated_tokens)) for t in ts]
+            for ts in turns
+        ]
+        slots = min(len(ts) for ts in turns)
+        common = [shared_prefix([ts[i].prompt_ids for ts in turns]) for i in range(slots)]
+        out.append((rows, [common + [0] * (len(ts) - slots) for ts in turns]))
     return out
 
 
@@ -142,18 +176,20 @@ def bench(recipe: str, tokenizer, samples: int, zero_groups: float, memory_token
     config = compose(recipe)
     from infmem_verl.settings import agent_settings
 
-    cfg = replace(agent_settings(config), record_token_ids=False)
+    cfg = agent_settings(config)  # token ids recorded: the shared prefixes are read off them
     agent = "memagent" if "memagent" in config.actor_rollout_ref.rollout.agent.default_agent_loop else "infmem"
     n = int(config.actor_rollout_ref.rollout.n)
     steps = int(config.infmem.train.optimizer_steps_per_rl_step)
     multiple = math.lcm(GPUS, n) * steps
-    shapes = trajectory_rows(agent, cfg, tokenizer, samples, memory_tokens)
-    # 128 prompts x n: sample s stands for every prompt p with p % samples == s (all n rollouts alike).
-    trajectories = [shapes[(t // n) % samples] for t in range(PROMPTS * n)]
+    groups = group_rows(agent, cfg, tokenizer, samples, memory_tokens, n)
+    # 128 prompts x n: sample s's group stands for every prompt p with p % samples == s.
+    trajectories = [groups[(t // n) % samples][0][t % n] for t in range(PROMPTS * n)]
+    shared = [groups[(t // n) % samples][1][t % n] for t in range(PROMPTS * n)]
     zero = [g < round(zero_groups * PROMPTS) for g in range(PROMPTS)]
+    caps = token_caps(config)
 
     def ledger(pipeline: Pipeline) -> StepLedger:
-        return estimate_step(trajectories, pipeline, multiple, zero, n=n)
+        return estimate_step(trajectories, pipeline, multiple, zero, n=n, shared_prefixes=shared, caps=caps)
 
     reference = ledger(REFERENCE)
     first = reference
@@ -170,15 +206,23 @@ def bench(recipe: str, tokenizer, samples: int, zero_groups: float, memory_token
     print(f"{'defaults (this config)':<{width}} {figures(defaults)}")
     for label, pipeline in LEVERS.items():
         print(f"{label:<{width}} {figures(ledger(pipeline))}")
+    at_reference = ledger(AT_REFERENCE)
+    print(f"{'ours at the reference objective: a+g':<{width}} {figures(at_reference)}")
     ours = ledger(OURS)
     print(f"{'ours: a+b+c+d (kl 0)':<{width}} {figures(ours)}")
+    print(f"{'a+b+c+d+g (kl 0)':<{width}} {figures(ledger(replace(OURS, prefix_grouped=True)))}")
+    write_rows = [(p, s) for t, ss in zip(trajectories, shared, strict=True) for (p, *_), s in zip(t, ss, strict=True)]
+    print(
+        f"prompt tokens shared within a group, by call slot: {sum(s for _, s in write_rows) / sum(p for p, _ in write_rows):.0%} "
+        f"of all prompt tokens (micro-batch caps: old-lp {caps.old_log_prob}, ref {caps.reference}, update {caps.update})"
+    )
     print(
         f"bytes moved per step (reward call + TransferQueue puts): reference {reference.transport_bytes / MiB:,.0f} MiB, "
         f"ours {ours.transport_bytes / MiB:,.0f} MiB ({ours.transport_bytes / reference.transport_bytes:.0%}); "
         f"the reward call alone {reference.reward_bytes / MiB:,.0f} -> {ours.reward_bytes / MiB:,.0f} MiB "
         "(the TransferQueue puts are the training rows themselves)"
     )
-    return reference, ours
+    return reference, at_reference, ours
 
 
 # ------------------------------------------------------- lever e, measured on a real vLLM server
@@ -273,16 +317,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     results = {}
     for recipe in ("memagent_4b", "infmem_4b"):
         results[recipe] = bench(recipe, tokenizer, args.samples, args.zero_groups, args.memory_tokens)
-    for recipe in ("memagent_4b",):
-        reference, ours = results[recipe]
-        print(
-            f"{recipe} trainer tokens per loss token: reference {reference.tokens_per_loss_token:.2f}, "
-            f"ours {ours.tokens_per_loss_token:.2f}, ratio {ours.tokens_per_loss_token / reference.tokens_per_loss_token:.2f}"
-        )
-    reference, ours = results["infmem_4b"]
-    print(
-        f"trainer tokens per loss token: reference {reference.tokens_per_loss_token:.2f}, "
-        f"ours {ours.tokens_per_loss_token:.2f}, ratio {ours.tokens_per_loss_token / reference.tokens_per_loss_token:.2f}"
+    for recipe in ("memagent_4b", "infmem_4b"):
+        print(f"{recipe if recipe != 'infmem_4b' else ''} {summary(*results[recipe])}".strip())
+
+
+def summary(reference: StepLedger, at_reference: StepLedger, ours: StepLedger) -> str:
+    """Both objectives' trainer tokens per loss token, each next to the reference pipeline's."""
+    r = reference.tokens_per_loss_token
+    return (
+        f"trainer tokens per loss token: reference {r:.2f}; at the reference objective (kl_loss_coef 0.001, "
+        f"the trainer's old log-probs) a+g {at_reference.tokens_per_loss_token:.2f}, ratio "
+        f"{at_reference.tokens_per_loss_token / r:.2f}; with the KL loss off and rollout log-probs as old "
+        f"a+b+c+d {ours.tokens_per_loss_token:.2f}, ratio {ours.tokens_per_loss_token / r:.2f}"
     )
 
 

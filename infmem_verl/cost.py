@@ -16,6 +16,17 @@ and the counts do not depend on the hardware. Per RL step the ledger holds:
 token that goes through three passes counts three times. ``forward_equivalents`` weighs a
 forward+backward as three forwards, closer to compute.
 
+Its ratio to the reference pipeline's depends on the objective. With the KL loss off and the
+rollout's log-probs standing in for the trainer's (``bypass_mode``), two of the three passes go and
+``bench/train_cost.py`` measures 0.25; at the reference objective (``kl_loss_coef`` 0.001, old
+log-probs recomputed by the trainer) every pass stays, and only a **prefix-grouped forward** cuts
+them: the n rollouts' rows of one call slot (a ``chunk_first`` Write of the same chunk, the first
+PreThink) share a prompt prefix, which one packed sequence computes once for the group
+(:func:`pass_tokens`; ``Row.prefix_group`` / ``shared_prefix``; :class:`TokenCaps` splits a group
+that exceeds its pass's micro-batch cap). The same objective, fewer tokens: prototyped on the CPU
+engine (:func:`infmem_verl.cpu.engine.score_prefix_group`); verl 0.9.1's FSDP engine does not do
+it yet, so ``pipeline_of`` never sets it and the dry run prints it as what it would save.
+
 The same code runs on CPU and GPU: the trainer (``infmem_sync``, which the CPU backend
 subclasses) records the batches verl's trainer hands to each pass (keys and tags, plus the
 per-row loss-token counts from TransferQueue) and the turn facts; :func:`step_ledger` turns them
@@ -30,7 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -61,6 +72,8 @@ class Row:
     loss_tokens: int = 0  # response-mask ones: tokens the model generated
     padding: bool = False  # verl's zero-weight padding row
     zero_advantage: bool = False  # every trained token's advantage is exactly 0
+    prefix_group: str = ""  # rows with the same key share their first ``shared_prefix`` prompt tokens
+    shared_prefix: int = 0
 
     @property
     def tokens(self) -> int:
@@ -74,6 +87,56 @@ class Call:
     llm_calls: int
     prefill_tokens: int
     decode_tokens: int
+
+
+@dataclass(frozen=True)
+class TokenCaps:
+    """Per-GPU micro-batch token caps of each pass (verl's dynamic batching); None: no cap. A prefix
+    group's packed sequence must fit one micro-batch, so a larger group is split, each part paying
+    the prefix again."""
+
+    old_log_prob: int | None = None
+    reference: int | None = None
+    update: int | None = None
+
+
+def token_caps(config) -> TokenCaps:
+    """The caps a composed trainer config sets (None where dynamic batching is off)."""
+    aro = config.actor_rollout_ref
+    rollout, ref, actor = aro.rollout, aro.ref, aro.actor
+    return TokenCaps(
+        old_log_prob=int(rollout.log_prob_max_token_len_per_gpu) if rollout.log_prob_use_dynamic_bsz else None,
+        reference=int(ref.log_prob_max_token_len_per_gpu) if ref.log_prob_use_dynamic_bsz else None,
+        update=int(actor.ppo_max_token_len_per_gpu) if actor.use_dynamic_bsz else None,
+    )
+
+
+def pass_tokens(rows: Sequence[Row], grouped: bool = False, cap: int | None = None) -> int:
+    """Tokens one pass computes over ``rows``: every row's, or with a prefix-grouped forward each
+    group's shared prefix once per micro-batch of at most ``cap`` tokens (prefix + the members'
+    suffixes). The prefix stops a token short of the shortest prompt, so every row keeps the
+    position that predicts its first response token."""
+    if not grouped:
+        return sum(r.tokens for r in rows)
+    total, groups = 0, {}
+    for row in rows:
+        if row.prefix_group and row.shared_prefix > 0:
+            groups.setdefault(row.prefix_group, []).append(row)
+        else:
+            total += row.tokens
+    for members in groups.values():
+        if len(members) == 1:
+            total += members[0].tokens
+            continue
+        prefix = min(min(r.shared_prefix for r in members), min(r.prompt for r in members) - 1)
+        packed = prefix
+        for row in members:
+            suffix = row.tokens - prefix
+            if cap is not None and packed > prefix and packed + suffix > cap:
+                total, packed = total + packed, prefix
+            packed += suffix
+        total += packed
+    return total
 
 
 @dataclass(frozen=True)
@@ -161,12 +224,14 @@ def step_ledger(
     passes: Passes,
     reward_remote: bool,
     log_probs: bool,
+    prefix_caps: TokenCaps | None = None,
 ) -> StepLedger:
     """The ledger of one RL step.
 
     ``rows``: every row of the step's batch (padding included); ``calls``: the rollout side of
     each real row, by key; ``passes``: the rows each trainer pass received; ``reward_remote``: the reward call shipped token tensors (verl's default; not when the agent
-    loop scored the trajectory); ``log_probs``: the rollout returned log-probs.
+    loop scored the trajectory); ``log_probs``: the rollout returned log-probs; ``prefix_caps``:
+    the passes run a prefix-grouped forward under these micro-batch caps (None: row by row).
     """
     real = [r for r in rows if not r.padding]
     ledger = StepLedger(rows=len(rows), padding_rows=len(rows) - len(real))
@@ -178,10 +243,11 @@ def step_ledger(
             ledger.decode_tokens += call.decode_tokens
         ledger.loss_tokens += row.loss_tokens
         ledger.rollout_bytes += rollout_put_bytes(row, log_probs)
-    ledger.old_log_prob_tokens = sum(r.tokens for r in passes.old_log_prob)
-    ledger.reference_tokens = sum(r.tokens for r in passes.reference)
+    grouped, caps = prefix_caps is not None, prefix_caps or TokenCaps()
+    ledger.old_log_prob_tokens = pass_tokens(passes.old_log_prob, grouped, caps.old_log_prob)
+    ledger.reference_tokens = pass_tokens(passes.reference, grouped, caps.reference)
     ledger.update_rows = len(passes.update)
-    ledger.update_tokens = sum(r.tokens for r in passes.update)
+    ledger.update_tokens = pass_tokens(passes.update, grouped, caps.update)
     if reward_remote:
         trajectories: dict[str, list[Row]] = {}
         for row in real:
@@ -305,6 +371,7 @@ class Pipeline:
     reference: bool = True
     reward_remote: bool = True
     drop_zero_advantage: bool = False
+    prefix_grouped: bool = False  # a prefix-grouped forward in every pass (not in verl 0.9.1's engine)
 
 
 def pipeline_of(config, name: str = "config") -> Pipeline:
@@ -330,20 +397,27 @@ def estimate_step(
     zero_advantage_groups: Sequence[bool] = (),
     n: int = 1,
     log_probs: bool = True,
+    shared_prefixes: Sequence[Sequence[int]] = (),
+    caps: TokenCaps = TokenCaps(),
 ) -> StepLedger:
     """The ledger of a modelled RL step: ``trajectories`` (in group order, ``n`` per prompt) each a
     list of ``(prompt, response, loss_tokens, Call)`` per sequence; ``zero_advantage_groups[g]``
     marks group ``g`` as uniform-reward (its rows have zero advantage). The batch is padded to
     ``batch_multiple`` rows with verl's 128-token padding rows; dropping follows :func:`rows_to_train`.
+    ``shared_prefixes[t][i]``: prompt tokens row ``i`` of trajectory ``t`` shares with the rows ``i``
+    of its group's other trajectories (a ``pipeline.prefix_grouped`` forward computes them once,
+    under ``caps``).
     """
     rows: list[Row] = []
     calls: dict[str, Call] = {}
     for t, trajectory in enumerate(trajectories):
         group = t // n
         zero = group < len(zero_advantage_groups) and zero_advantage_groups[group]
+        shared = shared_prefixes[t] if t < len(shared_prefixes) else ()
         for i, (prompt, response, loss, call) in enumerate(trajectory):
             key = f"u{group}_{t % n}_{i}"
-            rows.append(Row(key, prompt, response, loss, zero_advantage=zero))
+            prefix = shared[i] if i < len(shared) else 0
+            rows.append(Row(key, prompt, response, loss, zero_advantage=zero, prefix_group=f"u{group}#{i}", shared_prefix=prefix))
             calls[key] = call
     batch = _padded(rows, batch_multiple)
     update = (rows_to_train(batch, batch_multiple) if pipeline.drop_zero_advantage else None) or batch
@@ -352,7 +426,7 @@ def estimate_step(
         reference=batch if pipeline.reference else (),
         update=update,
     )
-    return step_ledger(batch, calls, passes, pipeline.reward_remote, log_probs)
+    return step_ledger(batch, calls, passes, pipeline.reward_remote, log_probs, caps if pipeline.prefix_grouped else None)
 
 
 PADDING_ROW_TOKENS = 128  # verl's SYNTHETIC_PADDING_SEQ_LEN: prompt 127 + response 1
@@ -384,6 +458,15 @@ def budget_trajectory(cfg, agent: str, doc_tokens: int) -> list[tuple[int, int, 
     return per_chunk * chunks + [row(cfg.answer)]
 
 
+def budget_shared_prefixes(cfg, agent: str, trajectory: Sequence[tuple]) -> list[int]:
+    """What the n rollouts' rows of a :func:`budget_trajectory` surely share: a ``chunk_first``
+    Write's chunk (its question and template head, shared too, are not counted: a lower bound, so
+    grouped tokens stay an upper bound). PreThink and answer prompts part at the memory."""
+    write = cfg.document.chunk_tokens if cfg.write_layout == "chunk_first" else 0
+    per_chunk = [0, write] if agent == "infmem" else [write]
+    return per_chunk * ((len(trajectory) - 1) // len(per_chunk)) + [0]
+
+
 def dry_run_ledger(config, doc_tokens: int = 32768) -> list[str]:
     """The dry run's cost lines: the ledger of one RL step of the composed ``config`` (after
     :func:`infmem_verl.main.prepare_config`) next to the reference pipeline's, on budget-bound
@@ -393,19 +476,34 @@ def dry_run_ledger(config, doc_tokens: int = 32768) -> list[str]:
     rollout = config.actor_rollout_ref.rollout
     agent = "memagent" if "memagent" in rollout.agent.default_agent_loop else "infmem"
     n = int(rollout.n)
-    trajectory = budget_trajectory(agent_settings(config), agent, doc_tokens)
+    cfg = agent_settings(config)
+    trajectory = budget_trajectory(cfg, agent, doc_tokens)
     trajectories = [trajectory] * (int(config.data.train_batch_size) * n)
+    shared = [budget_shared_prefixes(cfg, agent, trajectory)] * len(trajectories)
     gpus = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
     multiple = math.lcm(gpus, n) * train_settings(config).optimizer_steps_per_rl_step
-    lines = []
-    for pipeline in (Pipeline("reference"), pipeline_of(config, "this config")):
-        ledger = estimate_step(trajectories, pipeline, multiple, n=n)
+    this = pipeline_of(config, "this config")
+    grouped = replace(this, name="this config with a prefix-grouped forward (not in verl 0.9.1's engine)", prefix_grouped=True)
+    lines, reference = [], None
+    for pipeline in (Pipeline("reference"), this, grouped):
+        ledger = estimate_step(trajectories, pipeline, multiple, n=n, shared_prefixes=shared, caps=token_caps(config))
+        reference = reference or ledger
         lines.append(
             f"cost per RL step, {pipeline.name} (at most, {doc_tokens}-token documents): {ledger.rows:,} rows, "
             f"trainer tokens {ledger.trainer_tokens / 1e6:.1f}M (old log-prob {ledger.old_log_prob_tokens / 1e6:.1f}M, "
             f"reference {ledger.reference_tokens / 1e6:.1f}M, update {ledger.update_tokens / 1e6:.1f}M), "
-            f"{ledger.tokens_per_loss_token:.2f} per loss token, reward call {ledger.reward_bytes / 2**20:,.0f} MiB"
+            f"{ledger.tokens_per_loss_token:.2f} per loss token ({ledger.trainer_tokens / reference.trainer_tokens:.2f} "
+            f"of the reference's), reward call {ledger.reward_bytes / 2**20:,.0f} MiB"
         )
+    actor = config.actor_rollout_ref.actor
+    kl = f"kl_loss_coef {actor.kl_loss_coef}" if actor.use_kl_loss else "KL loss off"
+    old = "rollout log-probs as old" if not this.old_log_prob else "old log-probs recomputed by the trainer"
+    lines.append(
+        f"objective of this config: {kl}, {old}. bench/train_cost.py's 0.25 of the reference's trainer tokens "
+        "is with the KL loss off and rollout log-probs standing in (kl_loss_coef=0 "
+        "algorithm.rollout_correction.bypass_mode=true); at the reference objective only the prefix-grouped "
+        "forward cuts them"
+    )
     return lines
 
 

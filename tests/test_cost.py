@@ -112,9 +112,100 @@ def test_the_dry_run_prints_the_ledger_from_the_budgets():
     cfg = agent_settings(config)
     rows = budget_trajectory(cfg, "infmem", 32768)
     assert len(rows) == 2 * 7 + 1 and rows[1][0] == cfg.write.prompt_tokens
-    reference, ours = dry_run_ledger(config)
+    reference, ours, grouped, objective = dry_run_ledger(config)
     assert reference.startswith("cost per RL step, reference (at most, 32768-token documents): 7,680 rows")
     assert "reward call 0 MiB" in ours and "reward call 0 MiB" not in reference
+    assert "21.32 per loss token (1.00 of the reference's)" in ours  # the reference objective: every pass
+    assert grouped.startswith("cost per RL step, this config with a prefix-grouped forward (not in verl 0.9.1's engine)")
+    assert objective.startswith("objective of this config: kl_loss_coef 0.001, old log-probs recomputed by the trainer")
+    assert "0.25 of the reference's trainer tokens is with the KL loss off and rollout log-probs standing in" in objective
+    # Each Write's 5,000-token chunk is counted once per micro-batch of a group's n=4 Writes: a
+    # budget-bound Write is 11,596 tokens, so the update's 20,480-token cap packs 2 of them (the
+    # chunk saved once per group and Write slot), the reference's 40,960 all 4 (saved 3 times).
+    saved = 128 * 7 * cfg.document.chunk_tokens  # groups x Write slots x chunk
+    every = 128 * 4 * sum(p + r for p, r, *_ in rows)  # a pass over all 7,680 rows, none padding
+    assert f"update {every / 1e6:.1f}M" in ours and f"update {(every - 2 * saved) / 1e6:.1f}M" in grouped
+    assert f"reference {(every - 3 * saved) / 1e6:.1f}M" in grouped
+
+
+# ------------------------------------------------------ the prefix-grouped forward (lever g)
+
+
+def test_grouped_passes_count_each_shared_prefix_once_per_micro_batch():
+    from infmem_verl.cost import pass_tokens
+
+    rows = [Row(f"u0_{s}_1", 1000, 100, prefix_group="u0#1", shared_prefix=800) for s in range(4)]
+    lone = Row("u1_0_1", 500, 50, prefix_group="u1#1", shared_prefix=400)  # no other row of its slot
+    plain = Row("u2_0_0", 300, 30)
+    batch = [*rows, lone, plain]
+    assert pass_tokens(batch) == 4 * 1100 + 550 + 330
+    assert pass_tokens(batch, grouped=True) == 800 + 4 * 300 + 550 + 330
+    # A cap of 1,500 tokens holds the prefix and two suffixes: two micro-batches, each with the prefix.
+    assert pass_tokens(batch, grouped=True, cap=1500) == 2 * (800 + 2 * 300) + 550 + 330
+    whole = [Row(f"u3_{s}_0", 200, 20, prefix_group="u3#0", shared_prefix=200) for s in range(2)]
+    assert pass_tokens(whole, grouped=True) == 199 + 2 * 21  # one prompt token stays with each row
+
+
+def test_prefix_grouped_forward_gives_the_ungrouped_log_probs_and_gradients(tiny_model_dir, tokenizer):
+    """Real chunk_first Write prompts of three rollouts (their memories differ) on the tiny model:
+    the grouped forward's log-probs, entropies and verl ppo_loss gradients are the row-by-row ones."""
+    from transformers import AutoModelForCausalLM
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from infmem_verl.agent.config import AgentConfig
+    from infmem_verl.agent.protocol import PromptBuilder
+    from infmem_verl.cost import pass_tokens
+    from infmem_verl.cpu.engine import row_tensordict, score_prefix_group, score_response, sequence_scores
+
+    builder = PromptBuilder(tokenizer, AgentConfig(write_layout="chunk_first"))
+    question = tokenizer.encode("Who designed the bridge over the river?")
+    chunk = tokenizer.encode("The bridge over the river was designed by an engineer from the north. " * 12)
+    memories = ["", "The engineer came from the north.", "Nothing about the designer yet; the bridge is old."]
+    prompts = [torch.as_tensor(builder.write(question, tokenizer.encode(m), chunk, None).ids) for m in memories]
+    width = min(len(p) for p in prompts)
+    prefix = int((torch.stack([p[:width] for p in prompts]) == prompts[0][:width]).all(dim=0).long().cumprod(0).sum())
+    assert prefix > len(chunk)  # the rollouts part after the chunk
+    generator = torch.Generator().manual_seed(0)
+    responses = [torch.randint(0, 5000, (k,), generator=generator) for k in (9, 4, 13)]
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    actor = omega_conf_to_dataclass(make_config("+recipe=smoke").actor_rollout_ref.actor)  # KL loss on
+    tokens = sum(len(r) for r in responses)
+
+    def loss(scores) -> torch.Tensor:
+        from verl.utils import tensordict_utils as tu
+        from verl.workers.utils.losses import ppo_loss
+
+        total = 0
+        for prompt, response, score, sign in zip(prompts, responses, scores, (1.0, -0.5, 0.25), strict=True):
+            with torch.no_grad():
+                old = score.log_probs + 0.2 * torch.randn(len(response), generator=torch.Generator().manual_seed(len(response)))
+            row = {"prompts": prompt, "responses": response, "response_mask": torch.ones(len(response), dtype=torch.long),
+                   "old_log_probs": old, "ref_log_prob": old - 0.1, "advantages": torch.full((len(response),), sign)}  # fmt: skip
+            data = row_tensordict(row, ("response_mask", "old_log_probs", "ref_log_prob", "advantages"))
+            tu.assign_non_tensor(data, dp_size=1, batch_num_tokens=tokens, global_batch_size=len(prompts))
+            total = total + ppo_loss(config=actor, model_output=sequence_scores(score, len(prompt)), data=data)[0]
+        return total
+
+    def gradient(scores) -> torch.Tensor:
+        model.zero_grad(set_to_none=True)
+        loss(scores).backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    plain = [score_response(model, p, r, 0.8, entropy=True) for p, r in zip(prompts, responses, strict=True)]
+    expected = gradient(plain)
+    grouped = score_prefix_group(model, prompts, responses, prefix, 0.8, entropy=True)
+    for a, b in zip(plain, grouped, strict=True):
+        torch.testing.assert_close(b.log_probs, a.log_probs, rtol=0, atol=1e-5)
+        torch.testing.assert_close(b.entropy, a.entropy, rtol=0, atol=1e-5)
+    got = gradient(score_prefix_group(model, prompts, responses, prefix, 0.8, entropy=True))
+    assert expected.abs().max() > 0
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
+    # The ledger counts the tokens this packed sequence holds.
+    rows = [Row(f"u0_{i}_1", len(p), len(r), prefix_group="u0#1", shared_prefix=prefix) for i, (p, r) in enumerate(zip(prompts, responses))]
+    assert pass_tokens(rows, grouped=True) == prefix + sum(len(p) - prefix + len(r) for p, r in zip(prompts, responses))
+    with pytest.raises(ValueError, match=r"prefix_len: expected 1\.\.\d+ tokens every prompt starts with"):
+        score_prefix_group(model, prompts, responses, prefix + 1, 0.8, entropy=False)
 
 
 # -------------------------------------------------------------------- levers in the config

@@ -74,6 +74,100 @@ def score_response(
     )
 
 
+def score_prefix_group(
+    model: torch.nn.Module,
+    prompts: Sequence[torch.Tensor],
+    responses: Sequence[torch.Tensor],
+    prefix_len: int,
+    temperature: float,
+    entropy: bool,
+) -> list[TokenScores]:
+    """What :func:`score_response` gives for each row, with the rows' first ``prefix_len`` prompt
+    tokens (the same in every row) computed once: the prefix-grouped forward (``infmem_verl.cost``).
+
+    One packed sequence ``[prefix, suffix_1, ..., suffix_k]`` (a suffix: the rest of a row's prompt
+    and its response) goes through the model with the ``prefix_grouper`` package's attention
+    split: the prefix attends to itself, each suffix to the prefix and to itself, and each suffix's
+    positions continue the prefix's (verl's ``build_position_ids_for_prefix_grouper``). Every layer
+    but attention runs once over ``prefix_len + sum(suffix lengths)`` tokens; logits are taken at
+    the response positions only. Differentiable: the prefix's activations collect every row's
+    gradient. The model must use transformers' ``sdpa`` attention (:func:`_grouped_sdpa`).
+    """
+    from prefix_grouper import PrefixGrouper
+    from verl.trainer.ppo.prefix_grouper_utils import build_position_ids_for_prefix_grouper
+
+    if model.config._attn_implementation != "sdpa":
+        raise ValueError(f"score_prefix_group: needs the model's sdpa attention, got {model.config._attn_implementation!r}")
+    if temperature <= 0:
+        raise ValueError(f"temperature: expected > 0 (verl divides logits by it), got {temperature!r}")
+    prefix = prompts[0][:prefix_len]
+    if not 0 < prefix_len <= min(len(p) for p in prompts) or any(not torch.equal(p[:prefix_len], prefix) for p in prompts):
+        raise ValueError(f"prefix_len: expected 1..{min(len(p) for p in prompts)} tokens every prompt starts with, got {prefix_len}")
+    _install_grouped_sdpa()
+    suffixes = [torch.cat([p[prefix_len:], r]).long() for p, r in zip(prompts, responses, strict=True)]
+    width = max(len(x) for x in suffixes)
+    suffix_ids = torch.stack([torch.nn.functional.pad(x, (0, width - len(x))) for x in suffixes])
+    suffix_mask = torch.stack([torch.arange(width) < len(x) for x in suffixes])
+    prefix_ids, prefix_mask = prefix.long().unsqueeze(0), torch.ones(1, prefix_len, dtype=torch.bool)
+    grouper = PrefixGrouper.from_ungrouped_masks(prefix_mask, suffix_mask, group_sizes=[len(suffixes)])
+    packed = grouper.concat_input(prefix_ids.unsqueeze(-1), prefix_mask, suffix_ids.unsqueeze(-1), suffix_mask).squeeze(-1)
+    hidden = model.model(
+        input_ids=packed,
+        attention_mask=grouper.padding_mask,
+        position_ids=build_position_ids_for_prefix_grouper(grouper),
+        use_cache=False,
+        prefix_grouper=grouper,
+    ).last_hidden_state
+    # Per row, the prefix's last position then its suffix: position j predicts suffix token j.
+    _, _, per_row, _ = grouper.split_output(hidden, include_prefix_last=1)
+    scores = []
+    for row, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
+        start = len(prompt) - prefix_len
+        logits = model.lm_head(per_row[row, start : start + len(response)]).float() / temperature
+        scores.append(
+            TokenScores(
+                log_probs=logprobs_from_logits_naive(logits, response),
+                entropy=entropy_from_logits(logits) if entropy else None,
+            )
+        )
+    return scores
+
+
+def _grouped_sdpa(module, query, key, value, attention_mask, *args, prefix_grouper=None, scaling=None, **kwargs):
+    """transformers' ``sdpa`` attention, split by ``prefix_grouper`` when a call passes one.
+
+    verl's patch (``monkey_patch.apply_prefix_grouper_patch``) hands the package's 2-D key-padding
+    masks to the wrapped attention function unchanged, which suits flash attention (its causal mask
+    aligns a shorter query block to the end of the keys) but not transformers' ``sdpa``, which
+    wants a 4-D mask (it fails there with a shape error). This inner function builds that mask:
+    causal, aligned to the end of the keys, keys present.
+    """
+    if prefix_grouper is None:
+        return _SDPA[0](module, query, key, value, attention_mask, *args, scaling=scaling, **kwargs)
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    def attend(q, k, v, keys_present):
+        width, length = q.shape[2], k.shape[2]
+        causal = torch.ones(width, length, dtype=torch.bool, device=q.device).tril(length - width)
+        mask = causal & keys_present.bool()[:, None, None, :]
+        k, v = repeat_kv(k, module.num_key_value_groups), repeat_kv(v, module.num_key_value_groups)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
+        return out.transpose(1, 2).contiguous()
+
+    return prefix_grouper.forward(attend, query, key, value), None
+
+
+_SDPA: list = []  # transformers' own sdpa function, once _grouped_sdpa stands in for it
+
+
+def _install_grouped_sdpa() -> None:
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if not _SDPA:
+        _SDPA.append(ALL_ATTENTION_FUNCTIONS["sdpa"])
+        ALL_ATTENTION_FUNCTIONS["sdpa"] = _grouped_sdpa
+
+
 @torch.no_grad()
 def score_rows(
     model: torch.nn.Module, rows: Sequence[dict[str, torch.Tensor]], temperature: float, entropy: bool
