@@ -25,7 +25,9 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from infmem_verl.agent.config import AgentConfig
 from infmem_verl.agent.errors import ConfigError
+from infmem_verl.agent.templates import load_templates
 from infmem_verl.cli import entry_point
 from infmem_verl.policy.source import ModelSource, add_model_options, model_source, open_model
 
@@ -177,6 +179,17 @@ def _sources(cfg: EvalConfig, tokenizer) -> tuple[list[CellSource], int | None]:
     return synthetic_sources(cfg.lengths or lengths, samples, tokenizer, cfg.seed), samples
 
 
+def run_protocol(preset: str, agent_cfg: AgentConfig, model: str, window: int) -> dict[str, Any]:
+    """What the results of a run depend on, kept in its manifest: a resume under another protocol
+    is refused. A prompt-templates file counts by its texts, not its path (``--templates-from``
+    rewrites the same file from whatever the checkout holds now)."""
+    protocol = {"preset": preset, "agent": dataclasses.asdict(agent_cfg), "model": model, "context_window": window}
+    if agent_cfg.prompt_templates:
+        templates = load_templates(agent_cfg.prompt_templates)
+        protocol["prompt_texts"] = {kind: dataclasses.asdict(t) for kind, t in sorted(templates.items())}
+    return protocol
+
+
 async def evaluate(cfg: EvalConfig) -> Path:
     """Run (or resume) the evaluation ``cfg`` describes and write its report."""
     preset = cfg.resolved_preset()
@@ -185,8 +198,7 @@ async def evaluate(cfg: EvalConfig) -> Path:
     tokenizer, model = opened.tokenizer, opened.name
     window = cfg.context_window or opened.context_window or FALLBACK_WINDOW
     try:
-        protocol = {"preset": preset.name, "agent": dataclasses.asdict(agent_cfg), "model": model, "context_window": window}
-        store = ResultStore(cfg.out, protocol)
+        store = ResultStore(cfg.out, run_protocol(preset.name, agent_cfg, model, window))
         sources, limit = _sources(cfg, tokenizer)
         methods = build_methods(cfg.methods, agent_cfg, tokenizer, window)
         trajectories = TrajectoryWriter(cfg.out) if cfg.record_turns else None

@@ -131,3 +131,20 @@ def test_the_templates_read_build_the_prompts_the_checkpoint_sees(tokenizer, tmp
     assert "Plan retrieval for Who designed the stadium." in prethink
     action = parse_action('✿FUNCTION✿: lookup\n✿ARGS✿: {"query": "stadium architect", "top_k": 3}', agent.retrieval, agent.controller)
     assert (action.kind, action.query, action.top_k) == ("retrieve", "stadium architect", 3)
+
+
+def test_a_resume_with_other_prompts_in_the_checkout_is_refused(tmp_path):
+    """The written file keeps its path when the checkout changes; the run's manifest holds the texts."""
+    from infmem_verl.eval import run_protocol
+    from infmem_verl.evaluation.store import ResultStore
+
+    root = checkout(tmp_path / "MemAgent", "memagent", MEMAGENT)
+    out = tmp_path / "run"
+    first = parse_args(["--templates-from", str(root), "--out", str(out), "--methods", "memagent"]).agent_config()
+    ResultStore(out, run_protocol("reference", first, "m", 8192))
+    ResultStore(out, run_protocol("reference", first, "m", 8192))  # the same prompts resume
+    checkout(root, "memagent", MEMAGENT.replace("Rewrite the notes:", "Write new notes:"))
+    second = parse_args(["--templates-from", str(root), "--out", str(out), "--methods", "memagent"]).agent_config()
+    assert second.prompt_templates == first.prompt_templates
+    with pytest.raises(ConfigError, match=r"holds results of another protocol \(prompt_texts\.write_memagent\.user"):
+        ResultStore(out, run_protocol("reference", second, "m", 8192))
