@@ -22,7 +22,9 @@
 # agent loops, reward manager and trainer modes. The variables listed in recipes/lib.sh (HF_HOME,
 # NCCL_SOCKET_IFNAME, VLLM_*, ...) are forwarded when set here. The working directory is a copy on
 # each node, so data files must be absolute paths on shared storage, and checkpoints must go there
-# too (--shared, or trainer.default_local_dir=...): every node writes its shards of them.
+# too (--shared, or trainer.default_local_dir=...): every node writes its shards of them. A run that
+# saves or resumes with a relative trainer.default_local_dir stops inside the job before anything
+# starts (infmem_verl/preflight.py resolve_paths).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
