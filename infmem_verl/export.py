@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infmem_verl.cli import entry_point
+from infmem_verl.preflight import TRACKER, tracked_step
 
-TRACKER = "latest_checkpointed_iteration.txt"
 FSDP_CONFIG = "fsdp_config.json"
 HF_FOLDER = "huggingface"
 ACTOR = "actor"
@@ -70,14 +70,12 @@ def find_actor_checkpoint(path: str | Path) -> ActorCheckpoint:
         raise ExportError(f"{path}: no such file or folder")
     if not path.is_dir():
         raise ExportError(_expected(path))
-    tracker = path / TRACKER
-    if tracker.is_file():
-        step = tracker.read_text().strip()
-        if not step.isdigit():
-            raise ExportError(f"{tracker}: expected the number of the latest saved step, got {step!r}")
-        path = path / f"global_step_{int(step)}"
-        if not path.is_dir():
-            raise ExportError(f"{tracker} names step {step}, but {path} does not exist (deleted?)")
+    try:
+        step = tracked_step(path)
+    except ValueError as err:
+        raise ExportError(str(err)) from None
+    if step is not None:
+        path = path / f"global_step_{step}"
     if _STEP.match(path.name) and (path / ACTOR).is_dir():
         path = path / ACTOR
     return _read_actor(path)

@@ -45,6 +45,8 @@ RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 # call were its own sample.
 TRAJECTORY_ESTIMATORS = ("grpo",)
 STORAGE_KEY = "transfer_queue.backend.SimpleStorage"
+# verl's checkpoint tracker in trainer.default_local_dir: the step of the latest complete save.
+TRACKER = "latest_checkpointed_iteration.txt"
 
 
 @dataclass(frozen=True)
@@ -355,6 +357,39 @@ def check_algorithm(config: DictConfig, report: Preflight) -> None:
         "reward.reward_model.enable",
     )
 
+def tracked_step(run_folder: str | os.PathLike) -> int | None:
+    """The step verl's tracker file in ``run_folder`` names (None: no tracker, a first run).
+
+    ValueError when the tracker holds no step number (verl writes it with a plain open and write,
+    so a kill in between leaves it empty) or names a step whose folder is gone.
+    """
+    tracker = os.path.join(os.fspath(run_folder), TRACKER)
+    if not os.path.isfile(tracker):
+        return None
+    with open(tracker, encoding="utf-8", errors="replace") as handle:
+        text = handle.read().strip()
+    if not text.isdigit():
+        raise ValueError(f"{tracker}: expected the number of the latest saved step, got {text!r} (a save cut short?)")
+    folder = os.path.join(os.fspath(run_folder), f"global_step_{int(text)}")
+    if not os.path.isdir(folder):
+        raise ValueError(f"{tracker} names step {text}, but {folder} does not exist (deleted?)")
+    return int(text)
+
+
+def check_resume(config: DictConfig, report: Preflight) -> None:
+    """An automatic resume verl would stop on (a cut tracker file) or turn into a silent start
+    from step 0 (the step the tracker names is gone): a week of training is not lost quietly."""
+    trainer = config.trainer
+    if str(trainer.get("resume_mode", "disable")) != "auto" or trainer.get("default_local_dir") is None:
+        return
+    try:
+        step = tracked_step(trainer.default_local_dir)
+    except ValueError as err:
+        fix = "write the step of the last complete global_step_N folder into it, or pass trainer.resume_mode=disable to start over"
+        report.add("resume", False, f"{err}; {fix}", "trainer.resume_mode")
+        return
+    if step is not None:
+        report.add("resume", True, f"from step {step} in {trainer.default_local_dir}")
 
 
 def preflight(
@@ -377,4 +412,5 @@ def preflight(
     report.optimizer_steps = train_settings(config).optimizer_steps_per_rl_step
     check_storage(config, report)
     check_algorithm(config, report)
+    check_resume(config, report)
     return report, missing

@@ -10,6 +10,7 @@ learning-rate schedule. A damaged checkpoint is refused naming its file and the 
 
 from __future__ import annotations
 
+import re
 import resource
 import signal
 
@@ -116,3 +117,29 @@ def test_a_damaged_latest_checkpoint_is_refused_naming_the_file_and_leaves_the_e
     with pytest.raises(FileNotFoundError, match=rf"{files.extra}: missing; the checkpoint {folder} is incomplete"):
         load_checkpoint(fresh, folder)
     assert _same(_state(fresh), before), "a refused checkpoint must not be half restored"
+
+
+@pytest.mark.parametrize(
+    ("tracker", "folder", "failure"),
+    [
+        ("", None, r"latest_checkpointed_iteration.txt: expected the number of the latest saved step, got '' \(a save cut short\?\)"),
+        ("4", None, r"names step 4, but .*global_step_4 does not exist \(deleted\?\)"),
+        ("4", "global_step_4", None),
+    ],
+)
+def test_a_resume_verl_would_stop_on_or_silently_restart_is_refused_before_any_worker_starts(tracker, folder, failure, tmp_path):
+    from infmem_verl.preflight import Preflight, check_resume
+
+    with initialize_config_dir(str(conf_dir()), version_base=None):
+        config = compose("infmem_trainer", overrides=["+recipe=smoke", "trainer.resume_mode=auto", f"trainer.default_local_dir={tmp_path}"])
+    (tmp_path / TRACKER).write_text(tracker)  # verl writes it with open and write: a kill between leaves it empty
+    if folder:
+        (tmp_path / folder).mkdir()
+    report = Preflight()
+    check_resume(config, report)
+    (check,) = report.checks
+    if failure is None:
+        assert check.ok and check.detail == f"from step 4 in {tmp_path}"
+    else:
+        assert not check.ok and check.key == "trainer.resume_mode" and re.search(failure, check.detail), check.detail
+        assert "trainer.resume_mode=disable to start over" in check.detail
