@@ -41,6 +41,9 @@ def load_tokenizer(path: str | None = None):
     return tok
 
 
+QWEN3_VOCAB = 151936  # rows of Qwen3's embedding (its tokenizer has 151,669 tokens)
+
+
 def tiny_qwen3_dir(
     cache_dir: Path | None = None, hidden_size: int = 64, seed: int = 0, tokenizer_dir: Path | None = None, layers: int = 2
 ) -> Path:
@@ -48,8 +51,8 @@ def tiny_qwen3_dir(
     one at ``tokenizer_dir`` (the small-vocabulary stand-in, :mod:`infmem_verl.small_vocab`).
 
     ``layers`` layers, head_dim 32 (the CPU build of vLLM rejects smaller heads), tied embeddings
-    over the tokenizer's vocabulary rounded up to a multiple of 64 (Qwen3's own 151,936 for its
-    tokenizer); about 40 MB on disk with Qwen3's vocabulary at hidden 64.
+    over the tokenizer's vocabulary rounded up to a multiple of 64 (:data:`QWEN3_VOCAB` for
+    Qwen3's tokenizer); about 40 MB on disk with Qwen3's vocabulary at hidden 64.
     """
     tokens = "" if tokenizer_dir is None else f"-{Path(tokenizer_dir).name}"
     depth = "" if layers == 2 else f"-l{layers}"
@@ -61,7 +64,7 @@ def tiny_qwen3_dir(
 
     tok = load_tokenizer(None if tokenizer_dir is None else str(tokenizer_dir))
     config = Qwen3Config(
-        vocab_size=151936 if tokenizer_dir is None else -(-len(tok) // 64) * 64,
+        vocab_size=QWEN3_VOCAB if tokenizer_dir is None else -(-len(tok) // 64) * 64,
         hidden_size=hidden_size,
         intermediate_size=hidden_size * 2,
         num_hidden_layers=layers,

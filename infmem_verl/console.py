@@ -108,11 +108,37 @@ def end_table(steps: Sequence[Mapping[str, Any]], components: Sequence[str], sec
     for name, label in rows:
         shown = label if name not in components else f"  {label}"
         lines.append(f"  {shown:<14}{_value(train.get(f'{PREFIX}/{name}')):>18}{_value(val.get(f'val-{PREFIX}/{name}')):>24}")
+    lines += heldout_change(steps, components)
     timers = {label: sum(s.get(f"timing_s/{key}", 0.0) for s in steps) for key, label in PHASES}
     rl = sum(s.get("timing_s/step", 0.0) for s in steps)
     parts = [f"{label} {value:.0f}s" for label, value in seconds.items()]
     parts.append(f"RL steps {rl:.0f}s (" + ", ".join(f"{label} {value:.0f}s" for label, value in timers.items() if value) + ")")
     lines.append("  time: " + " | ".join(parts))
+    return lines
+
+
+def heldout_change(steps: Sequence[Mapping[str, Any]], components: Sequence[str]) -> list[str]:
+    """First against last validation (``trainer.val_before_train`` gives the first at step 0):
+    accuracy and each reward component, with two standard errors of the last mean.
+
+    The standard error is ``sqrt(p (1 - p) / n)`` over the ``n`` validation trajectories: exact
+    for a 0/1 value (accuracy, exact match), an upper bound for any value in [0, 1].
+    """
+    vals = [s for s in steps if f"val-{PREFIX}/reward" in s]
+    if len(vals) < 2:
+        return []
+    first, last = vals[0], vals[-1]
+    n = int(last.get(f"val-{PREFIX}/trajectories", 0))
+    if n < 1:
+        return []
+    lines = [f"  held out, validation at step {int(first['step'])} -> {int(last['step'])} ({n} trajectories; 2 SE of the last mean):"]
+    for name in ("acc", *components):
+        a, b = first.get(f"val-{PREFIX}/{name}"), last.get(f"val-{PREFIX}/{name}")
+        if a is None or b is None:
+            continue
+        two_se = 2 * math.sqrt(max(0.0, min(b, 1.0) * (1 - min(b, 1.0))) / n)
+        verdict = "above noise" if b - a > two_se else "within noise"
+        lines.append(f"    {name:<12}{a:.3f} -> {b:.3f} ({b - a:+.3f}; 2 SE {two_se:.3f}: {verdict})")
     return lines
 
 

@@ -28,13 +28,16 @@ class HeldOut:
     stopped_early: float
     early_stop: float  # the early-stop reward component
     accuracy: float  # exact match of the boxed answer
+    sub_em: float = float("nan")  # a gold answer inside the boxed one (NaN in reports before it)
+    answer_in_memory: float = float("nan")  # the last memory holds a gold answer (the copy itself)
 
     def line(self) -> str:
         return (
             f"held-out {self.samples} docs: PreThink actions valid {self.prethink_valid:.0%}, "
             f"Writes valid {self.write_valid:.0%} | retrievals {self.retrieval_calls:.1f}/traj, "
             f"chunks read {self.chunks_read:.1f}, stopped early {self.stopped_early:.0%}, "
-            f"early-stop reward {self.early_stop:.2f}, accuracy {self.accuracy:.0%}"
+            f"answer in memory {self.answer_in_memory:.0%}, early-stop reward {self.early_stop:.2f}, "
+            f"accuracy {self.accuracy:.0%} (sub-EM {self.sub_em:.0%})"
         )
 
 
@@ -45,6 +48,7 @@ class WarmupReport:
     settings: dict[str, Any]
     protocol_key: str
     sft_losses: list[float] = field(default_factory=list)
+    lm_losses: list[float] = field(default_factory=list)  # the stage on every token, before SFT
     heldout: HeldOut | None = None
     seconds: dict[str, float] = field(default_factory=dict)  # per stage
 

@@ -71,24 +71,29 @@ def bootstrap_inputs(config: DictConfig) -> list[str]:
     if settings is None:
         return []
     provided = []
+    tokenizer = None  # Qwen3's, unless the model built here has its own (the small vocabulary)
     with open_dict(config):
         if config.actor_rollout_ref.model.path is None:
             path, what = _model(config, settings)  # built once, then cached
             config.actor_rollout_ref.model.path = path
             provided.append(f"model: {what} at {path}")
+            tokenizer = _own_tokenizer(path)
         for key, count, seed in (
             ("data.train_files", settings.train_samples, settings.seed),
             ("data.val_files", settings.val_samples, settings.seed + VAL_SEED_OFFSET),
         ):
             path = _single_file(config, key)
             OmegaConf.update(config, key, path)
+            # Documents are measured in the model's tokens, as the warm-up's held-out check measures them.
             wanted = {"samples": count, "doc_tokens": settings.doc_tokens, "seed": seed}
+            if tokenizer is not None:
+                wanted["vocab_size"] = len(_tokenizer(tokenizer))
             marker = Path(f"{path}.bootstrap.json")
             written = _marker(marker)
             if os.path.isfile(path) and written in (None, wanted):
                 continue  # the user's own file, or ours with these settings
             marker.unlink(missing_ok=True)  # until the new file is complete
-            _write_synthetic(path, count, settings.doc_tokens, seed)
+            _write_synthetic(path, count, settings.doc_tokens, seed, tokenizer)
             marker.write_text(json.dumps(wanted) + "\n")
             documents = f"{settings.doc_tokens}-token documents"
             provided.append(f"{key}: wrote {count} synthetic two-hop questions over {documents} to {path}")
@@ -120,9 +125,23 @@ def _model(config: DictConfig, settings: BootstrapSettings) -> tuple[str, str]:
     return str(tiny_qwen3_dir(seed=settings.seed)), "tiny random Qwen3 with the real Qwen3 tokenizer"
 
 
-def _write_synthetic(path: str, count: int, doc_tokens: int, seed: int) -> None:
-    from infmem_verl.assets import load_tokenizer
+def _own_tokenizer(model: str) -> Path | None:
+    """The small-vocabulary tokenizer a model built here was made with; None for Qwen3's."""
+    from transformers import AutoConfig
+
+    from infmem_verl.assets import QWEN3_VOCAB
+
+    return None if AutoConfig.from_pretrained(model).vocab_size == QWEN3_VOCAB else Path(model)
+
+
+def _write_synthetic(path: str, count: int, doc_tokens: int, seed: int, tokenizer: Path | None) -> None:
     from infmem_verl.data.synthetic import make_dataset
     from infmem_verl.verl_plugin.dataset import write_verl_dataset
 
-    write_verl_dataset(make_dataset(count, doc_tokens, load_tokenizer(), seed=seed), path)
+    write_verl_dataset(make_dataset(count, doc_tokens, _tokenizer(tokenizer), seed=seed), path)
+
+
+def _tokenizer(path: Path | None):
+    from infmem_verl.assets import load_tokenizer
+
+    return load_tokenizer(None if path is None else str(path))

@@ -9,8 +9,13 @@ in miniature:
 1. **distil** - the synthetic set's oracle (:func:`~infmem_verl.policy.scripted.oracle_policy`,
    which knows where the two facts are) runs the recipe's agent protocol, through
    ``python -m infmem_verl.distill --teacher oracle`` (every finished trajectory kept);
-2. **SFT** - the tiny random Qwen3 (:func:`~infmem_verl.assets.tiny_qwen3_dir`) is fine-tuned on
-   those calls through ``python -m infmem_verl.sft +recipe=sft_warmup`` (the CPU loop);
+2. **SFT** - the tiny random Qwen3 (:func:`~infmem_verl.assets.tiny_qwen3_dir`; by default over
+   the 4,096-token vocabulary of :mod:`infmem_verl.small_vocab`, which carries Qwen3's special
+   tokens and chat template, so the protocol is the same) is fine-tuned on those calls through
+   ``python -m infmem_verl.sft +recipe=sft_warmup`` (the CPU loop); with ``lm_steps`` it first
+   trains that many steps on every token of the same sequences (a stand-in for the pretraining a
+   real backbone brings: the prompts repeat the question's names in the search history and the
+   memory, which is copying, and the responses are trained there too);
 3. **check** - the SFT model runs the recipe's agent on held-out synthetic documents (another
    seed), sampled at the warm-up's own ``check_temperature`` / ``check_top_p`` (Qwen3's
    thinking-mode 0.6 / 0.95), not at the launching run's, so the cached model and its report
@@ -22,7 +27,7 @@ in miniature:
 Everything lives in ``<cache>/warm-qwen3-<key>/`` (``INFMEM_CACHE``, default
 ``~/.cache/infmem_verl``): ``model/`` (the Hugging Face folder RL starts from), ``warmup.json``
 (settings, SFT losses, held-out figures; the run summary plots the losses) and ``work/`` (the
-distillation records, SFT checkpoints and both commands' logs). ``key`` hashes the warm-up
+distillation records, LM and SFT checkpoints and the commands' logs). ``key`` hashes the warm-up
 settings and the agent protocol, so a change of either builds a new model and a finished one is
 reused as it is. Both commands are resumable; the model folder appears only when all is done.
 """
@@ -63,9 +68,19 @@ class WarmupError(RuntimeError):
 class WarmupSettings:
     """``infmem.warmup``: the student, its data and its training (defaults: the demo recipe's)."""
 
-    hidden_size: int = 128  # of the tiny Qwen3 student (two layers, Qwen3's full vocabulary)
+    hidden_size: int = 128  # of the tiny Qwen3 student
+    layers: int = 2
+    # Tokens of the student's vocabulary: 0 for Qwen3's own (151,936 rows, whose output layer is
+    # ~97% of a hidden-128 student's compute wherever logits are taken), or a small BPE of this
+    # many tokens with Qwen3's special tokens and chat template (infmem_verl/small_vocab.py).
+    # Qwen3's stays the default until a small-vocabulary student is measured to pass min_valid
+    # (docs/experiments/2026-12-03-demo-student.md).
+    vocab_size: int = 0
     distill_samples: int = 128  # oracle trajectories (each gives about five SFT samples)
     doc_tokens: int = 1024  # synthetic document length, distilled and held out
+    # Steps on every token of the distilled sequences before the SFT proper (0: none): the
+    # random student's pretraining, in miniature.
+    lm_steps: int = 0
     sft_steps: int = 300
     batch_size: int = 8
     lr: float = 1.0e-2  # a random tiny model: 2e-3 left its format tokens unsure after 100 steps
@@ -76,9 +91,11 @@ class WarmupSettings:
     seed: int = 100  # of the distilled documents (held-out ones: seed + 1000)
 
     def validate(self, path: str) -> WarmupSettings:
-        for name in ("hidden_size", "distill_samples", "sft_steps", "batch_size", "heldout_samples"):
+        for name in ("hidden_size", "layers", "distill_samples", "sft_steps", "batch_size", "heldout_samples"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{path}.{name}: expected an integer >= 1, got {getattr(self, name)!r}")
+        if self.lm_steps < 0:
+            raise ConfigError(f"{path}.lm_steps: expected an integer >= 0, got {self.lm_steps!r}")
         if self.doc_tokens < 512:
             raise ConfigError(f"{path}.doc_tokens: expected an integer >= 512, got {self.doc_tokens!r}")
         if not self.lr > 0:
@@ -89,6 +106,8 @@ class WarmupSettings:
             raise ConfigError(f"{path}.check_temperature: expected a number >= 0, got {self.check_temperature!r}")
         if not 0 < self.check_top_p <= 1:
             raise ConfigError(f"{path}.check_top_p: expected a number in (0, 1], got {self.check_top_p!r}")
+        if self.vocab_size and self.vocab_size < 1024:
+            raise ConfigError(f"{path}.vocab_size: expected 0 (Qwen3's vocabulary) or an integer >= 1024, got {self.vocab_size!r}")
         if self.hidden_size % 32:
             raise ConfigError(f"{path}.hidden_size: expected a multiple of 32 (head_dim), got {self.hidden_size!r}")
         return self
@@ -126,7 +145,7 @@ def warm_qwen3_dir(
     report.seconds["distill"] = time.perf_counter() - started
 
     started = time.perf_counter()
-    checkpoint, report.sft_losses = _sft(settings, work)
+    checkpoint, report.lm_losses, report.sft_losses = _sft(settings, work)
     report.seconds["sft"] = time.perf_counter() - started
 
     started = time.perf_counter()
@@ -180,29 +199,69 @@ def _distill(settings: WarmupSettings, recipe: str, overrides: Sequence[str], wo
         "--samples", str(settings.distill_samples), "--synthetic-length", str(settings.doc_tokens),
         "--seed", str(settings.seed), "--keep", "all", "--drop-flags", "none", "--no-progress", "--out", str(out),
     ]  # fmt: skip
+    tokenizer = student_tokenizer_dir(settings)
+    if tokenizer is not None:  # the SFT samples are token ids: the student's own
+        command += ["--tokenizer", str(tokenizer)]
     for override in overrides:
         command += ["--set", override]
     progress = _LineCount(out / "results.jsonl")
     _run("distil", command, work / "distill.log", settings.distill_samples, progress)
 
 
-def _sft(settings: WarmupSettings, work: Path) -> tuple[Path, list[float]]:
+def _sft(settings: WarmupSettings, work: Path) -> tuple[Path, list[float], list[float]]:
+    """The student after ``lm_steps`` on every token of the distilled sequences, then
+    ``sft_steps`` on the calls' responses; with both stages' losses."""
     from infmem_verl.assets import tiny_qwen3_dir
+
+    student = tiny_qwen3_dir(hidden_size=settings.hidden_size, tokenizer_dir=student_tokenizer_dir(settings), layers=settings.layers)
+    data = work / "distill" / "sft_train.parquet"
+    lm_losses: list[float] = []
+    if settings.lm_steps:
+        student, lm_losses = _train("LM", student, _every_token(data), work / "lm", settings.lm_steps, settings)
+    checkpoint, losses = _train("SFT", student, data, work / "sft", settings.sft_steps, settings)
+    return checkpoint, lm_losses, losses
+
+
+def _every_token(data: Path) -> Path:
+    """``data`` with every token trained: the prompts' text too, where the student sees the
+    question's names again in its search history and memory and the retrieved passages overlap
+    the chunk - copying that the responses alone show a few dozen tokens of per call."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(data)
+    lengths = table.column("input_ids").combine_chunks().value_lengths().to_numpy()
+    ones = pa.array([[1] * int(n) for n in lengths], type=table.schema.field("loss_mask").type)
+    table = table.set_column(table.schema.get_field_index("num_trained"), "num_trained", table.column("num_tokens"))
+    out = data.with_name("lm_train.parquet")
+    pq.write_table(table.set_column(table.schema.get_field_index("loss_mask"), "loss_mask", ones), out.with_suffix(".tmp"))
+    out.with_suffix(".tmp").rename(out)
+    return out
+
+
+def _train(stage: str, student: Path, data: Path, out: Path, steps: int, settings: WarmupSettings) -> tuple[Path, list[float]]:
     from infmem_verl.sft.cpu import LOSS_LOG
 
-    student = tiny_qwen3_dir(hidden_size=settings.hidden_size)  # the random model tiny_qwen3 runs
-    out = work / "sft"
     losses_file = out / LOSS_LOG
     losses_file.unlink(missing_ok=True)  # a rerun trains from the start: its curve alone is kept
     command = [
         "-m", "infmem_verl.sft", "+recipe=sft_warmup", f"model.path={student}",
-        f"data.train_files={work / 'distill' / 'sft_train.parquet'}", f"trainer.default_local_dir={out}",
-        f"trainer.total_training_steps={settings.sft_steps}", f"data.train_batch_size={settings.batch_size}",
+        f"data.train_files={data}", f"trainer.default_local_dir={out}",
+        f"trainer.total_training_steps={steps}", f"data.train_batch_size={settings.batch_size}",
         f"optim.lr={settings.lr}",
     ]  # fmt: skip
-    _run("SFT", command, work / "sft.log", settings.sft_steps, _LineCount(losses_file))
+    _run(stage, command, out.parent / f"{out.name}.log", steps, _LineCount(losses_file))
     losses = [json.loads(line)["loss"] for line in losses_file.read_text().splitlines() if line.strip()]
-    return out / f"global_step_{settings.sft_steps}" / "huggingface", losses
+    return out / f"global_step_{steps}" / "huggingface", losses
+
+
+def student_tokenizer_dir(settings: WarmupSettings) -> Path | None:
+    """The student's tokenizer folder; None for Qwen3's own."""
+    if not settings.vocab_size:
+        return None
+    from infmem_verl.small_vocab import small_vocab_dir
+
+    return small_vocab_dir(settings.vocab_size)
 
 
 def check_sampling(settings: WarmupSettings, agent_cfg: AgentConfig) -> AgentConfig:
@@ -219,7 +278,7 @@ def heldout_check(model_dir: Path, agent_name: str, agent_cfg: AgentConfig, sett
     from infmem_verl.agent.loops import build_agent
     from infmem_verl.data.synthetic import make_dataset
     from infmem_verl.policy.transformers import TransformersPolicy
-    from infmem_verl.reward.components import TrajectoryRecord, action_failed, early_stop, memory_failed, outcome
+    from infmem_verl.reward.components import TrajectoryRecord, action_failed, answer_in_memory, early_stop, memory_failed, outcome
     from infmem_verl.agent.facts import turn_facts
 
     policy = TransformersPolicy.from_pretrained(model_dir, seed=settings.seed, max_batch=settings.heldout_samples)
@@ -257,6 +316,8 @@ def heldout_check(model_dir: Path, agent_name: str, agent_cfg: AgentConfig, sett
         stopped_early=mean(s.stopped_early for s in summaries),
         early_stop=mean(early_stop(record) for _, record in runs),
         accuracy=mean(outcome(record) for _, record in runs),
+        sub_em=mean(outcome(record, "sub_em") for _, record in runs),
+        answer_in_memory=mean(bool(r.writes) and answer_in_memory(r.writes[-1].memory_text, r.golds) for _, r in runs),
     )
 
 

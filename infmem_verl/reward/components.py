@@ -112,7 +112,7 @@ def early_stop(record: TrajectoryRecord, gamma: float = 0.6, gate: str = "em", g
     if isinstance(gate_min, bool) or not isinstance(gate_min, numbers.Real) or not 0 < gate_min <= 1:
         raise ValueError(f"gate_min: expected a number in (0, 1], got {gate_min!r}")
     writes = record.writes
-    holds = [_memory_has_answer(w.memory_text, record.golds) for w in writes]
+    holds = [answer_in_memory(w.memory_text, record.golds) for w in writes]
     if not any(holds) or not holds[-1]:
         return 0.0
     if gate != "none" and score_answer(record.prediction, record.golds)[gate] < gate_min:
@@ -143,7 +143,8 @@ def breaks_protocol(turn: TurnFacts) -> bool:
     return action_failed(turn) or memory_failed(turn)
 
 
-def _memory_has_answer(memory: str | None, golds: list[str]) -> bool:
+def answer_in_memory(memory: str | None, golds: list[str]) -> bool:
+    """A gold answer (not yes/no) stands in ``memory`` as whole words."""
     return bool(memory) and any(answer_in_text(gold, memory) for gold in golds if not is_yes_no(gold))
 
 
