@@ -29,10 +29,12 @@ verl`` does so before it loads plugins, and nothing asks for the platform before
 from __future__ import annotations
 
 import os
+import resource
 from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 
+import psutil
 import torch
 from verl.plugin.platform import PlatformBase, PlatformRegistry
 
@@ -43,6 +45,65 @@ PLATFORM = "cpu"
 # * VLLM_CPU_OMP_THREADS_BIND=nobind: vLLM otherwise pins its OpenMP threads to cores, one per
 #   core, and they spin there; the trainer ranks and Ray's own processes share those cores.
 ROLLOUT_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+
+
+class CPUDeviceModule(ModuleType):
+    """``torch.cpu`` with the members verl calls on a device module that it lacks: memory figures
+    of this process (``psutil``), the CPU RNG state, and no-ops for caches and memory fractions."""
+
+    def __init__(self):
+        super().__init__("torch.cpu")
+
+    def __getattr__(self, name: str):
+        return getattr(torch.cpu, name)
+
+    @staticmethod
+    def empty_cache() -> None:
+        pass
+
+    @staticmethod
+    def ipc_collect() -> None:
+        pass
+
+    @staticmethod
+    def set_per_process_memory_fraction(fraction: float, device=None) -> None:
+        pass
+
+    @staticmethod
+    def mem_get_info(device=None) -> tuple[int, int]:
+        memory = psutil.virtual_memory()
+        return memory.available, memory.total
+
+    @staticmethod
+    def memory_allocated(device=None) -> int:
+        return psutil.Process().memory_info().rss
+
+    memory_reserved = memory_allocated
+
+    @staticmethod
+    def max_memory_allocated(device=None) -> int:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+    max_memory_reserved = max_memory_allocated
+
+    @staticmethod
+    def get_rng_state(device=None) -> torch.Tensor:
+        return torch.get_rng_state()
+
+    @staticmethod
+    def set_rng_state(state: torch.Tensor, device=None) -> None:
+        torch.set_rng_state(state)
+
+    @staticmethod
+    def manual_seed(seed: int) -> None:
+        torch.manual_seed(seed)
+
+    @staticmethod
+    def get_device_name(device=None) -> str:
+        return "cpu"
+
+
+DEVICE_MODULE = CPUDeviceModule()
 
 
 def init_gloo_process_group() -> None:
@@ -74,7 +135,7 @@ class PlatformCPU(PlatformBase):
 
     @property
     def device_module(self) -> ModuleType:
-        return torch.cpu
+        return DEVICE_MODULE
 
     def is_available(self) -> bool:
         return True
