@@ -47,8 +47,13 @@ def error_line(err: BaseException) -> str:
     failed pre-flight check or Hydra's, joined with "; "), or for a file error the file and why."""
     if isinstance(err, OSError) and err.filename is not None:
         return f"{err.filename}: {err.strerror or type(err).__name__}"
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    return "; ".join(lines) or type(err).__name__
+    parts: list[str] = []
+    for line in (line.strip() for line in str(err).splitlines()):
+        if line and parts and parts[-1].endswith((":", ".")):  # a heading or a sentence: its line goes on
+            parts[-1] += f" {line}"
+        elif line:
+            parts.append(line)
+    return "; ".join(parts) or type(err).__name__
 
 
 def hydra_error_line(err: BaseException) -> str:

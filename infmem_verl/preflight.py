@@ -31,6 +31,7 @@ from infmem_verl.agent.config import AgentConfig
 from infmem_verl.agent.errors import ConfigError
 from infmem_verl.cost import budget_trajectory
 from infmem_verl.data.documents import split_ref
+from infmem_verl.data.identity import IdLedger
 from infmem_verl.settings import document_settings, train_settings
 
 DATA_KEYS = ("data.train_files", "data.val_files")
@@ -219,8 +220,27 @@ def read_dataset(
         values = pc.struct_field(table.column("extra_info"), "num_tokens").to_pylist()
         if all(v is not None for v in values):
             num_tokens = [int(v) for v in values]
-    stores = sorted({split_ref(ref)[0] for ref in pc.unique(table.column(ref_key)).to_pylist()})
+    unique_refs = pc.unique(table.column(ref_key))
+    if len(unique_refs) < table.num_rows:
+        _check_one_document_per_question(path, pq.read_table(path, columns=[ref_key, required[0]]), ref_key, required[0], key, report)
+    stores = sorted({split_ref(ref)[0] for ref in unique_refs.to_pylist()})
     return DatasetFile(key, path, table.num_rows, num_tokens, stores)
+
+
+def _check_one_document_per_question(path: str, table, ref_key: str, prompt_key: str, key: str, report: Preflight) -> None:
+    """Rows naming one document must ask one question: two samples with one id would have the
+    second trained on the first's document (the store keys documents by sample id). The same row
+    twice (a question repeated on purpose) is allowed."""
+    asked: dict[str, object] = {}
+    ids = IdLedger("document_ref")
+    for row, (ref, prompt) in enumerate(zip(table.column(ref_key).to_pylist(), table.column(prompt_key).to_pylist())):
+        if asked.setdefault(ref, prompt) == prompt:
+            ids.repeat(ref, f"{path} row {row}")
+            continue
+        refusal = ids.repeat(ref, f"{path} row {row}")
+        report.add("one document per question", False, f"{refusal} with another question; rebuild the file with "
+                   "python -m data_prep.build or python -m infmem_verl.verl_plugin.dataset (both refuse repeated ids)", key)  # fmt: skip
+        return
 
 
 def check_datasets(config: DictConfig, required: list[str], agent_loop: str, report: Preflight) -> list[str]:

@@ -238,3 +238,24 @@ def test_the_hydra_entry_points_exit_2_with_one_line(tmp_path):
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2 and lines[-1].startswith(expected), done.stderr[-2000:]
         assert not any("Traceback" in line for line in lines), done.stderr[-2000:]
+
+
+def test_preflight_refuses_a_training_file_whose_rows_name_one_document_for_two_questions(samples, tmp_path):
+    from infmem_verl.preflight import Preflight, read_dataset
+
+    a, b = samples[:2]
+    path = tmp_path / "train.parquet"
+    writer = TrainingWriter(path, store_path(path), store_path(path), None)
+    writer.write(a)
+    writer.write(b)
+    writer.close()
+    table = pq.read_table(path)
+    rows = table.to_pylist()
+    rows.append(dict(rows[0]))  # the same row twice: a question repeated on purpose
+    rows.append({**rows[1], "document_ref": rows[0]["document_ref"]})  # another question on a's document
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), path)
+    report = Preflight()
+    read_dataset("data.train_files", str(path), ["prompt", "reward_model", "document_ref"], "document_ref", "infmem_agent", False, report)
+    (failure,) = report.failures
+    assert failure.key == "data.train_files" and failure.name == "one document per question"
+    assert failure.detail.startswith(f"{path} row 3: field 'document_ref': '{rows[0]['document_ref']}' repeats the id of {path} row 0 with another question")
