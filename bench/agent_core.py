@@ -46,7 +46,7 @@ import numpy as np
 
 from bench.retrieval import STYLES, ask, facts, ms_per_query, reference_whitespace, timed
 from infmem_verl.agent.cache import DocumentCache
-from infmem_verl.agent.config import AgentConfig
+from infmem_verl.agent.config import AgentConfig, RetrievalConfig
 from infmem_verl.agent.document import Document, tokenize_document, tokenize_paragraphs
 from infmem_verl.agent.loops import AgentLoop, InfMemAgent, MemAgent
 from infmem_verl.agent.policy import Generation, SamplingParams
@@ -189,7 +189,10 @@ class TimedSearch:
 
 
 def agent_config() -> AgentConfig:
-    return AgentConfig(record_token_ids=False)
+    # BM25 alone: past retrieval.rerank_auto_tokens the default turns the MiniLM stage on, whose
+    # per-query cost bench.retrieval (--curve) and bench.rollout (--rerank) measure; these rows
+    # keep measuring the loop and the index around it.
+    return AgentConfig(record_token_ids=False, retrieval=RetrievalConfig(rerank=False))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import math
 import dataclasses
 import random
 import re
@@ -618,6 +619,7 @@ def measure_bm25(
     vocabulary; headings read from the document when scored) and run every query through
     ``BM25Index.search``."""
     get_analyzer.cache_clear()
+    cfg = dataclasses.replace(cfg, rerank=False)  # BM25 alone at every length (not "auto")
     with Clock() as build:
         index = BM25Index.of_document(doc, cfg, units)
     with Clock() as query:
@@ -738,6 +740,39 @@ def real(args: argparse.Namespace, tokenizer, paragraphs: Sequence[dict], qset: 
         print(f"  {q!r} -> {rq.articles[t]['title']}")
 
 
+def length_curve(args: argparse.Namespace, tokenizer, paragraphs: Sequence[dict], qset: QuerySet) -> dict[str, float]:
+    """Recall@4 of the retriever's defaults by document length (``--curve``): BM25 alone (the
+    stage off), the dense stage on (``rerank=True``, its first ``--dense-queries`` queries), and
+    what ``rerank="auto"`` does at that length; with the dense stage's cold and warm cost."""
+    counts = article_token_counts(tokenizer, paragraphs)
+    rng = random.Random(args.curve_seed)
+    k = KS.index(4)
+    print(f"\n== {qset.title}: recall@4 by length, the retriever's defaults (seed {args.curve_seed}) ==")
+    print(f"{'length':>8s} {'queries':>8s} {'BM25':>7s} {'dense on':>9s} {'(queries)':>9s} {'auto':>6s} {'dense ms/query cold':>20s}")
+    recall = {}
+    for label in args.curve.split(","):
+        tokens = int(float(label[:-1]) * (1_000_000 if label.endswith("M") else 1000))
+        rq = real_queries(paragraphs, counts, qset, LengthPlan(label, tokens, 1, args.curve_questions), rng)
+        doc, gold = real_document(tokenizer, rq, DocumentConfig())
+        units = list(doc.unit_texts())
+        bm25, dense = Tally(), {}
+        measure_bm25(doc, units, RetrievalConfig(rerank=False), rq.queries, gold, bm25)
+        default = RetrievalConfig()
+        n = min(args.dense_queries, len(rq.queries))
+        if n:
+            measure_dense(doc, units, RetrievalConfig(rerank=True), rq.queries[:n], gold[:n], dense)
+        on = dense.get(f"minilm: score w={default.fusion_weight}, C={default.rerank_candidates}")
+        auto = bm25 if not default.rerank_enabled(doc.num_tokens) else on
+        recall[label] = auto.hits[k] / auto.n if auto is not None else math.nan
+        dense_cells = f"{on.hits[k] / on.n:9.3f} {on.n:>9d}" if on else f"{'-':>9s} {0:>9d}"
+        print(
+            f"{label:>8s} {len(rq.queries):>8d} {bm25.hits[k] / bm25.n:7.3f} {dense_cells} "
+            f"{recall[label]:6.3f} {on.query_wall if on else math.nan:>20.0f}  ({doc.num_tokens:,} tokens)",
+            flush=True,
+        )
+    return recall
+
+
 def templated(args: argparse.Namespace, tokenizer, paragraphs: Sequence[dict]) -> None:
     """Recall on questions generated from an evidence sentence, and the 1M speed figures."""
     plan = QUICK_PLAN if args.quick else FULL_PLAN
@@ -806,6 +841,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         choices=[*BM25_SETTINGS, *ANALYZER_SETTINGS],
         help="real sets: BM25 of the dense stage (default: the retriever's defaults)",
     )
+    parser.add_argument("--curve", help="real sets: only recall@4 of the defaults at these lengths (e.g. 128K,256K,512K,1M)")
+    parser.add_argument("--curve-questions", type=int, default=150, help="--curve: queries per length and set")
+    parser.add_argument("--curve-seed", type=int, default=SEED, help="--curve: the draw of haystacks and queries")
     args = parser.parse_args(argv)
     sets = set(args.sets.split(","))
     if "real" in sets:
@@ -816,7 +854,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     paragraphs = wiki_paragraphs()
     for name in REAL_SETS:
         if name in sets:
-            real(args, tokenizer, paragraphs, REAL_SETS[name](paragraphs, tokenizer))
+            qset = REAL_SETS[name](paragraphs, tokenizer)
+            length_curve(args, tokenizer, paragraphs, qset) if args.curve else real(args, tokenizer, paragraphs, qset)
+    if args.curve:
+        return
     if "templated" in sets:
         templated(args, tokenizer, paragraphs)
 

@@ -527,6 +527,27 @@ def test_units_of_a_real_document(tokenizer, units):
     assert reranked.num_embedded == len(pool)
 
 
+def test_rerank_auto_turns_the_dense_stage_on_past_its_length_only(units, tokenizer):
+    """``rerank="auto"`` (the default) reranks a document longer than ``rerank_auto_tokens`` and
+    leaves a shorter one to BM25 alone; true and false hold at every length."""
+    doc = Document.from_text("\n\n".join(units[:40]), tokenizer, DocumentConfig(chunk_tokens=2000))
+    query = "history of the world and its people"
+    on = BM25Index.of_document(doc, RetrievalConfig(rerank_auto_tokens=doc.num_tokens - 1, rerank_candidates=6))
+    off = BM25Index.of_document(doc, RetrievalConfig(rerank_auto_tokens=doc.num_tokens, rerank_candidates=6))
+    assert on.rerank and not off.rerank
+    bm25 = BM25Index.of_document(doc, RetrievalConfig(rerank=False))
+    assert off.search(query, top_k=3) == bm25.search(query, top_k=3) and off.num_embedded == 0
+    pool = {h.unit for h in bm25.search(query, top_k=6)}
+    assert {h.unit for h in on.search(query, top_k=3)} <= pool and on.num_embedded == len(pool) == 6
+    default = RetrievalConfig()
+    assert default.rerank == "auto" and default.rerank_enabled(1_000_000) and not default.rerank_enabled(32_768)
+    assert not default.rerank_enabled(None)  # an index built without a length: BM25 alone
+    assert RetrievalConfig(rerank=True).rerank_enabled(100) and not RetrievalConfig(rerank=False).rerank_enabled(10**7)
+    for bad in ("yes", 1, None):
+        with pytest.raises(ConfigError, match="retrieval.rerank: expected true, false or 'auto'"):
+            RetrievalConfig(rerank=bad).validate()
+
+
 @pytest.fixture(scope="module")
 def described_case(tokenizer):
     """A fixed real-query case: ~8K tokens of Wikipedia articles rendered as training documents

@@ -118,13 +118,19 @@ class RetrievalConfig:
     # top 50 of BM25 with headings, score fusion w 0.7, reaches recall@4 at 1M BoolQ .987 / .987
     # and FanOutQA .960 / .953 (two draws, 150 / 300 queries; BM25 alone .933 / .953, .900 /
     # .900), the descriptions .825 / .860 (40 / 300 queries; BM25 .800 / .847). Its candidates
-    # are embedded at query time, once per unit and document: on idle cores a query with new
-    # candidates costs 0.25-0.32 s of wall time at 1M (2 cores), a query whose candidates are
-    # embedded 7.5 ms. Off by default: at the RL recipes' 32K, BM25 with headings already finds
-    # .975 (BoolQ) and .963 (FanOutQA) at recall@4 and MiniLM adds nothing there; turn it on for
-    # long documents (``retrieval.rerank=true``). The static embedder gains +.006 to +.013 at 1M
-    # and keeps ~3x the document's text in vectors.
-    rerank: bool = False
+    # are embedded at query time, once per unit and document (the n rollouts share them): a
+    # query with new candidates costs 0.25-0.32 s of wall time at 1M on 2 idle cores, one whose
+    # candidates are embedded 7.5 ms (see agent/rerank.py for bfloat16).
+    # ``rerank``: true, false, or "auto" (the default): on for documents of more than
+    # ``rerank_auto_tokens`` tokens, off up to there. The length is where BM25 with headings
+    # alone stops reaching recall@4 .95 on both real-question sets (BoolQ / FanOutQA, ``python -m
+    # bench.retrieval --sets boolq,fanoutqa --curve 128K,256K,512K``): 32K .975 / .963, 128K
+    # .99 / .98, 256K .980 / .927, 512K - / .940, 1M .933-.953 / .900 (150 queries a set and
+    # length): FanOutQA falls below between 128K and 256K, so past 128K tokens the stage is on.
+    # The RL recipes' 32K documents keep BM25 alone (MiniLM adds nothing there).
+    # The static embedder gains +.006 to +.013 at 1M and keeps ~3x the document's text in vectors.
+    rerank: bool | Literal["auto"] = "auto"
+    rerank_auto_tokens: int = 131_072
     # The embedder of the second stage: "minilm" (the full model over the candidates, at query
     # time, agent/rerank.py) or "static" (MiniLM's word-piece vectors distilled once and cached,
     # agent/static_embed.py: the whole document embedded in one pass, ~4 s of CPU per 1M tokens,
@@ -141,6 +147,13 @@ class RetrievalConfig:
     cache_size: int = 16
     # Upper bound on retrieved evidence tokens in one Write prompt.
     evidence_tokens: int = 2500
+
+    def rerank_enabled(self, num_tokens: int | None) -> bool:
+        """Whether a document of ``num_tokens`` tokens gets the dense stage (``rerank="auto"``:
+        past ``rerank_auto_tokens``; an unknown length counts as short)."""
+        if self.rerank == "auto":
+            return num_tokens is not None and num_tokens > self.rerank_auto_tokens
+        return bool(self.rerank)
 
     def validate(self, path: str = "retrieval") -> None:
         _check(self.backend in ("sparse", "rank_bm25"), f"{path}.backend", "'sparse' or 'rank_bm25'", self.backend)
@@ -165,6 +178,13 @@ class RetrievalConfig:
                 f"0 with backend 'rank_bm25' (only the sparse backend scores {scores})",
                 weight,
             )
+        _check(
+            self.rerank in ("auto", True, False) and (isinstance(self.rerank, bool) or self.rerank == "auto"),
+            f"{path}.rerank",
+            "true, false or 'auto'",
+            self.rerank,
+        )
+        _check(self.rerank_auto_tokens >= 0, f"{path}.rerank_auto_tokens", "an integer >= 0", self.rerank_auto_tokens)
         _check(self.rerank_model in ("static", "minilm"), f"{path}.rerank_model", "'static' or 'minilm'", self.rerank_model)
         _check(self.rerank_candidates >= 1, f"{path}.rerank_candidates", "an integer >= 1", self.rerank_candidates)
         _check(self.fusion in ("rrf", "score", "dense"), f"{path}.fusion", "'rrf', 'score' or 'dense'", self.fusion)

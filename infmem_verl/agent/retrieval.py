@@ -377,22 +377,33 @@ class RankBM25:
 class BM25Index:
     """A BM25 index over the retrieval units of one document; build with :meth:`build`."""
 
-    def __init__(self, unit_texts: Sequence[str], analyzer: Analyzer, scorer: _Scorer, cfg: RetrievalConfig) -> None:
+    def __init__(
+        self, unit_texts: Sequence[str], analyzer: Analyzer, scorer: _Scorer, cfg: RetrievalConfig, rerank: bool = False
+    ) -> None:
         self.unit_texts = unit_texts
         self.analyzer = analyzer
         self.scorer = scorer
         self.cfg = cfg
+        self.rerank = rerank  # the dense stage on (``cfg.rerank_enabled`` at the document's length)
         self._embeddings = None  # MiniLM unit embeddings, created on the first reranked search
         self._embeddings_lock = threading.Lock()
 
     @classmethod
-    def build(cls, unit_texts: Sequence[str], cfg: RetrievalConfig, unit_headings: Sequence[str] | None = None) -> "BM25Index":
+    def build(
+        cls,
+        unit_texts: Sequence[str],
+        cfg: RetrievalConfig,
+        unit_headings: Sequence[str] | None = None,
+        num_tokens: int | None = None,
+    ) -> "BM25Index":
         """Analyze every unit and build the backend named by ``cfg.backend``.
 
         ``unit_texts`` is iterated once, unit by unit (a lazy :class:`~.document.UnitTexts`
         decodes in batches), and kept for reranking, which reads a few units by index.
         ``unit_headings`` (``Document.unit_headings()``: the title over each unit) is scored as a
         field of its own with ``cfg.heading_weight``; without it no unit has a heading.
+        ``num_tokens`` (the document's length) decides ``cfg.rerank="auto"``; unknown, the dense
+        stage stays off under "auto".
         """
         if len(unit_texts) == 0:
             raise ValueError("unit_texts: expected at least one retrieval unit, got an empty sequence")
@@ -416,7 +427,7 @@ class BM25Index:
             )
         else:  # validate() refuses bigram and heading weights here
             scorer = RankBM25(unit_terms, k1=cfg.k1, b=cfg.b)
-        return cls(unit_texts, analyzer, scorer, cfg)
+        return cls(unit_texts, analyzer, scorer, cfg, rerank=cfg.rerank_enabled(num_tokens))
 
     @classmethod
     def of_document(cls, document: Document, cfg: RetrievalConfig, unit_texts: Sequence[str] | None = None) -> "BM25Index":
@@ -424,7 +435,7 @@ class BM25Index:
         scores them (decoded once here, not kept). ``unit_texts``: the units already decoded (a
         benchmark building many indexes decodes once); by default decoded lazily."""
         headings = document.unit_headings() if cfg.heading_weight > 0 else None
-        return cls.build(document.unit_texts() if unit_texts is None else unit_texts, cfg, headings)
+        return cls.build(document.unit_texts() if unit_texts is None else unit_texts, cfg, headings, document.num_tokens)
 
     @property
     def num_units(self) -> int:
@@ -442,7 +453,7 @@ class BM25Index:
     def search(self, query: str, top_k: int, allowed: np.ndarray | None = None) -> list[Hit]:
         """At most ``top_k`` allowed units with a positive BM25 score, best first.
 
-        With ``cfg.rerank`` the best ``max(rerank_candidates, top_k)`` of them are reordered by
+        With the dense stage on (:attr:`rerank`) the best ``max(rerank_candidates, top_k)`` of them are reordered by
         fusing their BM25 scores with their embedding similarities (``cfg.rerank_model``) as
         ``cfg.fusion`` says
         (:func:`infmem_verl.agent.rerank.fuse`), and ``Hit.score`` is the fused score.
@@ -452,7 +463,7 @@ class BM25Index:
         scores = self.scores(query)
         if allowed is not None:
             scores = np.where(self._check_mask(allowed), scores, 0.0)
-        if not self.cfg.rerank:
+        if not self.rerank:
             return _top(scores, int(top_k))
         pool = _top(scores, max(int(top_k), self.cfg.rerank_candidates))
         return self._rerank(query, pool)[: int(top_k)]
