@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import random
 import time
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import numpy as np
+import orjson
 
 from infmem_verl.agent.policy import FinishReason, Generation, SamplingParams
 
@@ -245,7 +245,8 @@ class OpenAIPolicy:
             await self.server_info()  # the model name, and a check that it is served
         body = self._request_body(prompt, params)
         self.stats.calls += 1
-        payload = json.dumps(body, separators=(",", ":")).encode()
+        # orjson: a long prompt's ids cost the event loop 0.03 ms instead of json's 0.5 (bench.rollout).
+        payload = orjson.dumps(body)
         return await self._with_retries(lambda ep: self._complete(ep, payload, prompt, params))
 
     def _request_body(self, prompt: list[int], params: SamplingParams) -> dict[str, Any]:
@@ -365,8 +366,8 @@ async def _json_body(response: aiohttp.ClientResponse, url: str) -> Any:
         text = raw[:_BODY_CHARS].decode("utf-8", errors="replace")
         raise PolicyError(kind, url, f"HTTP {response.status}: {text}")
     try:
-        return json.loads(raw)
-    except ValueError:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
         text = raw[:_BODY_CHARS].decode("utf-8", errors="replace")
         raise PolicyError("malformed", url, f"response is not JSON: {text!r}") from None
 

@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 from uuid import uuid4
 
+import numpy as np
+
 from infmem_verl.agent.policy import FinishReason, Generation, SamplingParams
 
 # TokenOutput.extra_fields copied onto every Generation (the v1 trainer's staleness metrics).
@@ -63,7 +65,8 @@ class VerlServerPolicy:
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
         sampling = {**self.sampling, "max_tokens": int(params.max_tokens)}
         output = await self.client.generate(
-            self.request_id, prompt_ids=[int(t) for t in prompt_ids], sampling_params=sampling
+            # tolist: Python ints at a third of the event-loop time of int() per id (0.17 vs 0.55 ms at 6K ids).
+            self.request_id, prompt_ids=np.asarray(prompt_ids, dtype=np.int64).tolist(), sampling_params=sampling
         )
         self.calls += 1
         token_ids = [int(t) for t in output.token_ids]
