@@ -195,6 +195,7 @@ def test_every_command_line_reports_bad_input_in_one_line_with_status_2(tmp_path
     cases = [
         (eval_cli.main, ["--concurrency", "0", "--no-progress"], "[eval] concurrency: expected an integer >= 1"),
         (eval_cli.main, ["--pool", "hotpotqa", "--no-progress"], "[eval] --pool: expected NAME=PATH, got 'hotpotqa'"),
+        (eval_cli.main, ["--data", f"squad:1k={missing}"], f"[eval] data: squad:1k={missing}: file not found"),
         (distill_cli.main, ["--out", str(tmp_path / "d"), "--data", str(missing)], f"[distill] data: {missing} not found"),
         (distill_cli.main, ["--out", str(tmp_path / "d"), "--teacher", "oracle", "--decomposition", str(cut), "--no-progress"],
          f"[distill] {cut}:2: malformed or truncated JSON line"),

@@ -214,6 +214,16 @@ class EvalConfig:
             raise ConfigError("data_dir: expected the folder holding the evaluation files of datasets")
         if self.data_dir is not None and not self.lengths:
             raise ConfigError("lengths: expected at least one length to look up in data_dir")
+        # Named files are checked before the model loads (a typo costs seconds, not a model start);
+        # a length missing from data_dir is only recorded, so a sweep over lengths goes on.
+        for spec in self.data:
+            if not Path(spec.path).is_file():
+                raise ConfigError(f"data: {spec.dataset}:{spec.length}={spec.path}: file not found")
+        for dataset, path in self.pools.items():
+            if not Path(path).is_file():
+                raise ConfigError(f"pool: {dataset}={path}: file not found")
+        if self.data_dir is not None and not Path(self.data_dir).is_dir():
+            raise ConfigError(f"data_dir: {self.data_dir}: folder not found")
         self.source.validate()
         if self.samples is not None and (isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1):
             raise ConfigError(f"samples: expected an integer >= 1, got {self.samples!r}")
