@@ -394,7 +394,9 @@ from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
 loops = sorted(_agent_loop_registry)
 trainer_loaded = "infmem_verl.verl_plugin.trainer" in sys.modules
 from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
-report(json.dumps({"before": before, "loops": loops, "trainer_with_loops": trainer_loaded, "trainers": sorted(TRAINER_REGISTRY)}))
+from verl.plugin.platform import PlatformRegistry
+report(json.dumps({"before": before, "loops": loops, "trainer_with_loops": trainer_loaded, "trainers": sorted(TRAINER_REGISTRY),
+                   "platforms": PlatformRegistry.registered_names()}))
 """
 
 
@@ -406,6 +408,7 @@ def _check_probe(output: str) -> None:
     assert {"infmem_agent", "memagent_agent"} <= set(got["loops"])
     assert got["trainer_with_loops"] is False, "the agent-loop registry must not pull in the trainer"
     assert {"infmem_sync", "infmem_cpu"} <= set(got["trainers"])
+    assert "cpu" in got["platforms"]  # the platform VERL_PLATFORM=cpu selects (verl_plugin/platform.py)
 
 
 def test_the_plugin_imports_only_what_each_process_needs(tmp_path):
