@@ -60,6 +60,8 @@ def trajectory_values(
       ``stopped_early`` (before the last chunk);
     * ``retrieval_calls`` - PreThink turns that retrieved; ``retrieval_s`` - seconds they spent
       searching (BM25, and the dense stage's query-time embedding when it is on);
+    * ``generate_s`` - seconds the turns awaited their generate calls; ``rollout_s`` - the
+      trajectory's wall time (0 in records from before it was recorded);
     * ``llm_calls`` (generate calls; a two-stage thinking call is two) and ``llm_sequences``
       (training sequences); ``prompt_tokens``, ``response_tokens``, ``tokens`` summed over turns;
     * ``memory_tokens`` - the final memory's size (0 before any Write);
@@ -82,6 +84,8 @@ def trajectory_values(
         "stopped_early": float(stop is not None and stop < num_chunks),
         "retrieval_calls": float(sum(t.action == "retrieve" for t in turns)),
         "retrieval_s": float(sum(t.retrieval_s for t in turns)),
+        "generate_s": float(sum(t.generate_s for t in turns)),
+        "rollout_s": float(max((t.rollout_s for t in turns), default=0.0)),
         "llm_calls": float(sum(t.llm_calls for t in turns)),
         "llm_sequences": float(len(turns)),
         "prompt_tokens": float(sum(prompt_tokens)),
@@ -123,6 +127,7 @@ def summarize(trajectories: Sequence[Mapping[str, Any]], prefix: str = PREFIX) -
     Protocol errors become ``<prefix>/protocol_error_rate/<kind>``: errors over turns of that kind
     in the whole batch, so a trajectory with more turns of a kind counts more, as a rate
     per turn should; absent when the batch has no turn of that kind (MemAgent has no PreThink).
+    ``<prefix>/rollout/efficiency`` is :func:`rollout_efficiency` (absent without rollout times);
     ``<prefix>/trajectories`` is the count.
     """
     sums: dict[str, float] = {}
@@ -136,8 +141,29 @@ def summarize(trajectories: Sequence[Mapping[str, Any]], prefix: str = PREFIX) -
         turns = sums.get(f"{kind}_turns", 0.0)
         if turns > 0:
             out[f"{prefix}/protocol_error_rate/{kind}"] = sums.get(f"{kind}_errors", 0.0) / turns
+    efficiency = rollout_efficiency(trajectories)
+    if efficiency is not None:
+        out[f"{prefix}/rollout/efficiency"] = efficiency
     out[f"{prefix}/trajectories"] = float(len(trajectories))
     return out
+
+
+def rollout_efficiency(trajectories: Sequence[Mapping[str, Any]]) -> float | None:
+    """Time the trajectories spent awaiting generate calls over their wall time, pooled over the
+    batch (``generate_s`` and ``rollout_s`` of :func:`trajectory_values`); None when none has a
+    rollout time.
+
+    A trajectory has at most one call in flight, so this is the share of the rollout during which
+    its request occupies the server, against a raw client that sends the same calls back to back:
+    ``python -m bench.rollout`` measures that ratio by replaying the calls and prints this
+    estimate beside it. What it misses is our code between calls (document preparation,
+    retrieval, prompts, parsing, the client) and the event loop keeping a ready call waiting.
+    """
+    pairs = [numeric(t) for t in trajectories]
+    total = sum(p.get("rollout_s", 0.0) for p in pairs)
+    if total <= 0:
+        return None
+    return sum(p.get("generate_s", 0.0) for p in pairs if p.get("rollout_s", 0.0) > 0) / total
 
 
 def log_prob_gap(

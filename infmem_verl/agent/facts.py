@@ -50,6 +50,8 @@ class TurnFacts:
     reason: str = ""
     memory_tokens: int = 0
     retrieval_s: float = 0.0  # wall time of the turn's retrieval (PreThink turns that retrieved)
+    generate_s: float = 0.0  # wall time the turn awaited its generate calls
+    rollout_s: float = 0.0  # wall time of the whole trajectory (trajectory-level, on every turn)
     memory_text: str | None = None
     prediction: str | None = None
     global_steps: int | None = None
@@ -104,6 +106,8 @@ def turn_facts(trajectory: Trajectory, index: int, turn: Turn) -> TurnFacts:
         reason=turn.reason,
         memory_tokens=int(turn.memory_tokens),
         retrieval_s=float(turn.retrieval_s),
+        generate_s=float(turn.generate_s),
+        rollout_s=float(trajectory.rollout_s),
         memory_text=turn.memory_text if turn.kind == "write" else None,
         prediction=trajectory.prediction if turn.kind == "answer" else None,
         **steps,

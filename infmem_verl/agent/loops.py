@@ -43,6 +43,7 @@ class AgentLoop:
         return self.builder.encode(question.strip())
 
     async def run(self, policy: Policy, question: str, document: str) -> Trajectory:
+        started = time.perf_counter()
         question_ids = self._question_ids(question)
         if not isinstance(document, str) or not document.strip():
             raise ValueError("document: expected a non-empty string")
@@ -61,6 +62,7 @@ class AgentLoop:
             stop_step=stop_step,
             answer_text=answer_turn.text,
             prediction=prediction,
+            rollout_s=time.perf_counter() - started,
         )
 
     async def _read(self, runner, prepared, question, question_ids, turns) -> tuple[Memory, int | None]:

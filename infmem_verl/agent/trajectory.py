@@ -79,6 +79,7 @@ class Turn:
     memory_text: str | None = None  # memory after this turn (write turns)
     memory_tokens: int = 0
     latency_s: float = 0.0
+    generate_s: float = 0.0  # of latency_s, the time awaiting the policy's generate calls
     extra: dict[str, Any] = field(default_factory=dict)  # backend facts (e.g. verl step fields)
 
 
@@ -107,6 +108,9 @@ class Trajectory:
     stop_step: int | None
     answer_text: str  # the answer turn's output (after </think>)
     prediction: str | None  # parsed final answer; None when absent (flagged on the answer turn)
+    # Wall time of the whole rollout, document preparation included (the rollout-efficiency
+    # figure's denominator; the verl agent loop adds the document's resolution).
+    rollout_s: float = 0.0
 
     @property
     def chunks_read(self) -> int:

@@ -41,18 +41,27 @@ class TurnRunner:
         cfg = self.cfg
         return SamplingParams(max_tokens=max_tokens, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k)
 
+    async def _generate(self, prompt_ids: np.ndarray, params: SamplingParams) -> Generation:
+        started = time.perf_counter()
+        try:
+            return await self.policy.generate(prompt_ids, params)
+        finally:
+            self.generate_s += time.perf_counter() - started
+
     async def call(self, kind: TurnKind, budget: CallBudget, prompt: BuiltPrompt, chunk_index: int) -> CallResult:
         started = time.perf_counter()
+        # This turn's time awaiting the policy (a runner serves one trajectory, one call at a time).
+        self.generate_s = 0.0
         stages: list[Generation] = []
         prefill = len(prompt.ids)  # prompt tokens sent, over all generate calls of the turn
         injected = np.zeros(0, dtype=np.int32)
         if not self.cfg.thinking:
-            stages.append(await self.policy.generate(prompt.ids, self._params(budget.output_tokens)))
+            stages.append(await self._generate(prompt.ids, self._params(budget.output_tokens)))
         elif self.cfg.thinking_mode == "single_pass":
             max_tokens = budget.thinking_tokens + budget.output_tokens
-            stages.append(await self.policy.generate(prompt.ids, self._params(max_tokens)))
+            stages.append(await self._generate(prompt.ids, self._params(max_tokens)))
         else:
-            first = await self.policy.generate(prompt.ids, self._params(budget.thinking_tokens))
+            first = await self._generate(prompt.ids, self._params(budget.thinking_tokens))
             stages.append(first)
             if first.finish_reason == "length":
                 ids = first.token_ids
@@ -63,7 +72,7 @@ class TurnRunner:
                     remaining = budget.output_tokens
                 if remaining > 0:
                     continuation = np.concatenate([prompt.ids, np.asarray(ids, dtype=np.int32), injected])
-                    stages.append(await self.policy.generate(continuation, self._params(remaining)))
+                    stages.append(await self._generate(continuation, self._params(remaining)))
                     prefill += len(continuation)
         return self._record(kind, prompt, chunk_index, stages, injected, started, prefill)
 
@@ -116,6 +125,7 @@ class TurnRunner:
             flags=flags,
             text=split.output,
             latency_s=time.perf_counter() - started,
+            generate_s=self.generate_s,
             extra=extra,
         )
         return CallResult(turn=turn, split=split, finished=last.finish_reason == "stop")

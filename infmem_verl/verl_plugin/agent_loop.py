@@ -20,6 +20,7 @@ the score to the earlier outputs itself. A ``reward.custom_reward_function`` kee
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -183,6 +184,7 @@ class MemoryAgentLoop(AgentLoopBase):
         return sample[key]
 
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> list[AgentLoopOutput]:
+        started = time.perf_counter()
         settings = self.runtime.documents
         question = question_from_prompt(kwargs.get("raw_prompt"))
         ref = self._document_ref(kwargs)
@@ -191,6 +193,7 @@ class MemoryAgentLoop(AgentLoopBase):
             self.server_manager, sampling_params, self.runtime.eos_ids, request_id=group_routing_key(kwargs)
         )
         trajectory = await self.runtime.agents[self.agent_name].run(policy, question, document)
+        trajectory.rollout_s = time.perf_counter() - started  # the document's resolution included
         outputs = trajectory_outputs(trajectory, self.rollout_config.prompt_length, self.rollout_config.response_length)
         if self.runtime.reward is not None:
             score_outputs(outputs, self.runtime.reward, kwargs, self.tokenizer)
