@@ -4,9 +4,10 @@ Every entry point (``main``, ``eval``, ``distill``, ``sft``, ``data_prep.build``
 command line, ``inspect``, ``export``) turns the project's input-error families into that line:
 configuration (:class:`~infmem_verl.agent.errors.ConfigError`), data files
 (:class:`~data_prep.io.DataError`, :class:`~infmem_verl.data.identity.DuplicateIdError`), files
-that cannot be opened, and whatever families the entry point adds (its own error class). Each
-message already names the file, line or key and what was expected. Any other exception is a
-fault of the program and keeps its traceback.
+that cannot be opened, whatever families the entry point adds (its own error class), and for
+the Hydra mains Hydra's own (:func:`run_hydra`: an unknown recipe, a bad override). Each message
+already names the file, line or key and what was expected. Any other exception is a fault of
+the program and keeps its traceback.
 
 ``--traceback`` (taken out of the arguments before they are parsed) or ``INFMEM_TRACEBACK=1``
 shows the traceback of an input error too.
