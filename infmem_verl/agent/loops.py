@@ -171,12 +171,16 @@ class InfMemAgent(AgentLoop):
                 votes = 0
             evidence: list[np.ndarray] = []
             if action.kind == "retrieve":
-                # In a worker thread: with the dense stage a search may embed candidates for
-                # seconds, and the other rollouts on this event loop must not wait for it.
                 started = time.perf_counter()
-                hits = await asyncio.to_thread(
-                    prepared.index.search, action.query, action.top_k, self._allowed_units(prepared, chunk)
-                )
+                index, allowed = prepared.index, self._allowed_units(prepared, chunk)
+                if index.rerank:
+                    # In a worker thread: the dense stage may embed candidates for seconds, and the
+                    # other rollouts on this event loop must not wait for it.
+                    hits = await asyncio.to_thread(index.search, action.query, action.top_k, allowed)
+                else:
+                    # BM25 alone takes 0.2-5 ms (32K-1M tokens): less than the hop to a worker
+                    # thread and back costs on busy cores, which delays this rollout's next call.
+                    hits = index.search(action.query, action.top_k, allowed)
                 turn.retrieval_s = time.perf_counter() - started
                 turn.retrieved_units = [hit.unit for hit in hits]
                 evidence = [prepared.document.unit_ids(hit.unit) for hit in hits]
