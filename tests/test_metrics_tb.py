@@ -475,6 +475,19 @@ def test_the_cost_ledger_counts_what_the_step_processed(run):
             assert v["reward"] == pytest.approx(v["outcome"] * 0.6 + v["early_stop"] * 0.6 + v["protocol"] + v["letters"])
 
 
+def test_the_rollout_efficiency_is_generate_time_over_trajectory_time(run):
+    """``infmem/rollout/efficiency`` of each step, from the trajectories the run recorded: the
+    seconds their turns awaited generate calls over the trajectories' wall time, pooled."""
+    for step in (1, 2):
+        record = {s["step"]: s for s in run.records.steps()}[step]
+        trajectories = run.records.trajectories(step)
+        generate = [sum(turn["generate_s"] for turn in t["turns"]) for t in trajectories]
+        rollout = [t["turns"][-1]["rollout_s"] for t in trajectories]
+        assert all(0 < g < r for g, r in zip(generate, rollout, strict=True)), (generate, rollout)
+        assert record["infmem/rollout/efficiency"] == pytest.approx(sum(generate) / sum(rollout))
+        assert record["infmem/rollout_s"] == pytest.approx(sum(rollout) / len(rollout))
+
+
 def test_the_stopped_run_resumes_from_its_last_checkpoint_with_its_step_count(run):
     first, second = sorted(run.tensorboard.glob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime)
     assert set(tensorboard_scalars(first)["infmem/reward"]) == {1}  # stopped during step 2
