@@ -130,6 +130,7 @@ class RetrievalConfig:
     # The RL recipes' 32K documents keep BM25 alone (MiniLM adds nothing there).
     # The static embedder gains +.006 to +.013 at 1M and keeps ~3x the document's text in vectors.
     rerank: bool | Literal["auto"] = "auto"
+    # Under rerank="auto", documents of more tokens than this get the dense stage (see above).
     rerank_auto_tokens: int = 131_072
     # The embedder of the second stage: "minilm" (the full model over the candidates, at query
     # time, agent/rerank.py) or "static" (MiniLM's word-piece vectors distilled once and cached,
