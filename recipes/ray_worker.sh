@@ -7,6 +7,10 @@
 #   --node-ip IP         this node's address as the other nodes reach it (default: first of hostname -I)
 #   --num-gpus N         GPUs this node offers to Ray (default: nvidia-smi's count)
 #   --num-cpus N         CPUs this node offers to Ray (default: Ray's own count)
+#   --temp-dir DIR       Ray's session folder (default: Ray's, /tmp/ray; a second node on the head's
+#                        machine needs its own)
+#   --agent-port N       HTTP port of this node's dashboard agent, through which jobs start (default
+#                       Ray's 52365; every Ray node on one machine needs its own)
 #   --block              stay in the foreground until Ray stops (containers, SLURM steps)
 #   --dry-run            print the commands instead of running them
 #   -h, --help           this text
@@ -21,6 +25,8 @@ address=""
 node_ip=""
 num_gpus=""
 num_cpus=""
+temp_dir=""
+agent_port=""
 block=0
 
 while [[ $# -gt 0 ]]; do
@@ -29,6 +35,8 @@ while [[ $# -gt 0 ]]; do
     --node-ip) need_value "$1" "$#"; node_ip="$2"; shift 2 ;;
     --num-gpus) need_value "$1" "$#"; need_int "$1" "$2"; num_gpus="$2"; shift 2 ;;
     --num-cpus) need_value "$1" "$#"; need_int "$1" "$2"; num_cpus="$2"; shift 2 ;;
+    --temp-dir) need_value "$1" "$#"; temp_dir="$2"; shift 2 ;;
+    --agent-port) need_value "$1" "$#"; need_port "$1" "$2"; agent_port="$2"; shift 2 ;;
     --block) block=1; shift ;;
     --dry-run) DRY_RUN=1; shift ;;
     -h | --help) print_help; exit 0 ;;
@@ -46,6 +54,8 @@ num_gpus="${num_gpus:-$(detect_gpus)}"
 
 command=(ray start "--address=${address}" "--node-ip-address=${node_ip}" "--num-gpus=${num_gpus}")
 [[ -z "${num_cpus}" ]] || command+=("--num-cpus=${num_cpus}")
+[[ -z "${temp_dir}" ]] || command+=("--temp-dir=${temp_dir}")
+[[ -z "${agent_port}" ]] || command+=("--dashboard-agent-listen-port=${agent_port}")
 [[ "${block}" == 0 ]] || command+=(--block)
 
 echo "Ray worker ${node_ip} with ${num_gpus} GPU(s) joining ${address}"

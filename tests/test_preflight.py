@@ -305,10 +305,10 @@ def test_a_relative_checkpoint_folder_is_refused_in_a_ray_job(tmp_path):
     """A real Ray job (job server, uploaded working directory): the entrypoint sees Ray's job
     environment, and a relative folder of a run that saves is refused before anything starts."""
     import json
-    import time
 
     import ray
     from ray.job_submission import JobStatus, JobSubmissionClient
+    from ray_jobs import submit_when_ready, wait_for_job
 
     (tmp_path / "upload").mkdir()
     (tmp_path / "upload" / "README").write_text("the job's working directory")
@@ -319,16 +319,11 @@ def test_a_relative_checkpoint_folder_is_refused_in_a_ray_job(tmp_path):
         runtime_env = {"working_dir": str(tmp_path / "upload"), "env_vars": env}
         script = tmp_path / "in_a_ray_job.py"
         script.write_text(IN_A_RAY_JOB)
-        for _ in range(120):  # the job agent starts a few seconds after the head
-            try:
-                job = client.submit_job(entrypoint=f"{sys.executable} -W ignore {script}", runtime_env=runtime_env)
-                break
-            except RuntimeError:
-                time.sleep(1)
-        while client.get_job_status(job) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
-            time.sleep(0.5)
+        entrypoint = f"{sys.executable} -W ignore {script}"
+        job = submit_when_ready(lambda: client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env))
+        status = wait_for_job(client, job)
         logs = client.get_job_logs(job)
-        assert client.get_job_status(job) == JobStatus.SUCCEEDED, logs[-3000:]
+        assert status == JobStatus.SUCCEEDED, logs[-3000:]
     finally:
         ray.shutdown()
     relative, absolute, not_saving = (json.loads(line) for line in logs.strip().splitlines() if line.startswith("{"))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -54,6 +54,8 @@ class GPUCount:
 
     gpus: int
     where: str
+    # The Ray cluster's nodes and resources when counted on one (:func:`cluster_summary`), else "".
+    cluster: str = ""
     # Whether stock verl's vLLM rollout can start there. Checked for this machine only (a laptop's
     # CPU venv may see a GPU through a CUDA torch and still lack vLLM); the nodes of a Ray cluster
     # run verl's workers in their own environments, which the launcher cannot see.
@@ -83,15 +85,33 @@ def count_gpus(config: DictConfig) -> GPUCount:
 
     address = ray_address(config)
     if ray.is_initialized():
-        return GPUCount(int(ray.cluster_resources().get("GPU", 0)), "the connected Ray cluster")
+        return GPUCount(int(ray.cluster_resources().get("GPU", 0)), "the connected Ray cluster", cluster_summary())
     if address:
         ray.init(address=address, logging_level="ERROR", log_to_driver=False)
         try:
-            return GPUCount(int(ray.cluster_resources().get("GPU", 0)), f"the Ray cluster at {address}")
+            where = f"the Ray cluster at {address}"
+            return GPUCount(int(ray.cluster_resources().get("GPU", 0)), where, cluster_summary())
         finally:
             ray.shutdown()  # disconnects this driver only; verl's run_ppo joins again with its runtime env
     gpus = visible_gpus()
     return GPUCount(gpus, "this machine", vllm=gpus == 0 or vllm_installed())
+
+
+def cluster_summary() -> str:
+    """One line on the connected Ray cluster: its alive nodes and the resources counted on them,
+    in total and per node (what a job's entrypoint sees of a cluster it did not start)."""
+    import ray
+
+    def amounts(resources: dict[str, float]) -> str:
+        # Ray's own per-node resources (node:IP, memory, object store) say nothing about placement.
+        shown = {k: v for k, v in sorted(resources.items()) if not k.startswith("node:") and "memory" not in k}
+        return ", ".join(f"{k}={v:g}" for k, v in shown.items())
+
+    nodes = [node for node in ray.nodes() if node["Alive"]]
+    per_node = " | ".join(
+        f"{node['NodeID'][:8]} at {node['NodeManagerAddress']}: {amounts(node['Resources'])}" for node in nodes
+    )
+    return f"[infmem] Ray cluster: {len(nodes)} alive node(s), {amounts(ray.cluster_resources())} in all ({per_node})"
 
 
 class BackendChoice(NamedTuple):
@@ -136,6 +156,11 @@ def select_backend(config: DictConfig, gpus: GPUCount | None = None, dry_run: bo
     needs ``trainer.nnodes * trainer.n_gpus_per_node`` of them.
     """
     count = count_gpus(config) if gpus is None else gpus
+    backend = _select(config, count, dry_run)
+    return replace(backend, message=f"{backend.message}\n{count.cluster}") if count.cluster else backend
+
+
+def _select(config: DictConfig, count: GPUCount, dry_run: bool) -> Backend:
     trainer = config.trainer
     needed = int(trainer.n_gpus_per_node) * int(trainer.nnodes)
     choice = choose_backend(
@@ -212,11 +237,14 @@ def apply_cpu_backend(config: DictConfig) -> None:
 
     Unless set: Ray gets :data:`MIN_RAY_CPUS` logical CPUs, and no dashboard (a dozen processes
     and seconds of start-up a laptop run does not need; ``+ray_kwargs.ray_init.include_dashboard=true``
-    brings it back).
+    brings it back). A run that joins a Ray cluster (a Ray job's entrypoint, ``RAY_ADDRESS``) gets
+    neither: Ray refuses both when connecting, and the cluster's nodes declare their own CPUs.
     """
     check_cpu_support(config)
     with open_dict(config):
         config.trainer.v1.trainer_mode = CPU_TRAINER_MODE
+        if ray_address(config) is not None:
+            return
         ray_init = config.ray_kwargs.ray_init
         if ray_init.get("num_cpus") is None:
             ray_init.num_cpus = max(MIN_RAY_CPUS, os.cpu_count() or 1)

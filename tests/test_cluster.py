@@ -1,0 +1,283 @@
+"""The cluster path, run for real on this machine (issue 28 item 5): a two-node Ray cluster started
+by recipes/ray_head.sh and recipes/ray_worker.sh (two raylets on loopback, each with its own session
+folder and CPU count), and the smoke recipe submitted to it by recipes/submit.sh as a Ray job, twice:
+one RL step that saves, then the same command resuming to step 2.
+
+What a first multi-node run would get wrong, each checked here: the job's entrypoint joins the
+cluster it did not start (RAY_ADDRESS from Ray's job supervisor) and counts both nodes' resources;
+verl places an agent-loop worker on each node, and both read the document store at the same
+absolute path; checkpoints go to an absolute folder outside Ray's per-node copy of the uploaded
+checkout, and the second job resumes from the first one's.
+
+The cluster test is too long for the suite (two smoke jobs, 5-10 min on 2 loaded cores):
+`make smoke-cluster` runs it (INFMEM_CLUSTER_SMOKE=1); without that it is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from ray_jobs import submit_when_ready, wait_for_job
+
+REPO = Path(__file__).resolve().parents[1]
+
+cluster_smoke = pytest.mark.skipif(
+    os.environ.get("INFMEM_CLUSTER_SMOKE") != "1",
+    reason="two smoke jobs on a two-node Ray cluster take 5-10 min: `make smoke-cluster` runs it",
+)
+
+# 16 logical CPUs in all, what the CPU backend's actors reserve on one machine (MIN_RAY_CPUS), split
+# unevenly so that the total the job counts can only be the sum of both nodes.
+HEAD_CPUS, WORKER_CPUS = 9, 7
+RUN = "smoke-cluster"
+# The smallest smoke that still saves: 2 prompts x n=2 (GRPO needs a group), 8K-token documents in
+# two 4K chunks, one agent-loop worker per node (verl places them round-robin over the nodes), no
+# validation.
+SMOKE = (
+    "+recipe=smoke",
+    "trainer.save_freq=1",
+    "trainer.resume_mode=auto",
+    "trainer.test_freq=-1",
+    "actor_rollout_ref.rollout.agent.num_workers=2",
+    "infmem.bootstrap.train_samples=2",
+    "infmem.bootstrap.val_samples=1",
+    "infmem.bootstrap.doc_tokens=8000",
+)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Cluster:
+    gcs: str  # HOST:PORT the nodes join
+    jobs: str  # the job server's URL
+    temp_dirs: list[Path]  # one session folder per node
+
+
+def _ray_env() -> dict[str, str]:
+    """This venv's `ray` and `python` first on PATH: the job's entrypoint (`python -m ...`) runs in
+    the raylets' environment."""
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", **AUTH)
+    # Models and the tokenizer from this machine's cache (submit.sh --shared would point HF_HOME at
+    # the shared folder, where nothing was downloaded: the job is offline).
+    env.setdefault("HF_HOME", str(Path.home() / ".cache" / "huggingface"))
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    return env
+
+
+# Ray 2.60's `ray start --head` turns token authentication on by itself when ~/.ray/auth_token exists,
+# and a node joining without RAY_AUTH_MODE=token is then refused (InvalidAuthToken): every node, and
+# every client (submit.sh, the state API), runs with it, reading the token from that one file.
+AUTH = {"RAY_AUTH_MODE": "token"}
+
+
+def _alive_nodes(jobs: str) -> list:
+    from ray.util.state import list_nodes
+
+    try:
+        return [n for n in list_nodes(address=jobs, raise_on_missing_output=False) if n.state == "ALIVE"]
+    except Exception:  # the dashboard is still starting (connection refused, 5xx)
+        return []
+
+
+@contextmanager
+def two_node_cluster(root: Path) -> Iterator[Cluster]:
+    """A head and a second node on loopback, each a real `ray start --block` started by the repo's
+    scripts in its own process group, with its own session folder and dashboard-agent port (Ray's
+    default, 52365, is taken by whichever Ray started first on this machine); stopped (and every
+    process of theirs gone) on exit.
+
+    Not `ray stop`: it kills every Ray process of the machine by name, other runs' included."""
+    port, dashboard = free_port(), free_port()
+    root.mkdir(parents=True, exist_ok=True)
+    head_dir, worker_dir = root / "head", root / "worker"
+    cluster = Cluster(f"127.0.0.1:{port}", f"http://127.0.0.1:{dashboard}", [head_dir, worker_dir])
+    env = _ray_env()
+    nodes: list[subprocess.Popen] = []
+
+    def start(script: str, *args: str, log: Path) -> None:
+        command = ["bash", str(REPO / "recipes" / script), "--node-ip", "127.0.0.1", "--num-gpus", "0", *args, "--block"]
+        with log.open("w") as out:
+            nodes.append(subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+
+    try:
+        start("ray_head.sh", "--port", str(port), "--dashboard-port", str(dashboard), "--num-cpus", str(HEAD_CPUS),
+              "--temp-dir", str(head_dir), "--agent-port", str(free_port()), log=root / "head.log")  # fmt: skip
+        _wait(lambda: (head_dir / "ray_current_cluster").is_file(), 180, "the Ray head", root / "head.log")
+        start("ray_worker.sh", "--address", cluster.gcs, "--num-cpus", str(WORKER_CPUS), "--temp-dir", str(worker_dir),
+              "--agent-port", str(free_port()), log=root / "worker.log")  # fmt: skip
+        _wait(lambda: len(_alive_nodes(cluster.jobs)) == 2, 180, "the second node", root / "worker.log")
+        yield cluster
+    finally:
+        for node in reversed(nodes):  # SIGTERM: `ray start --block` stops its node's processes
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGTERM)
+        for node in nodes:
+            try:
+                node.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(node.pid, signal.SIGKILL)
+                node.wait()
+        _kill_leftovers(root)
+
+
+def _wait(ready, seconds: float, what: str, log: Path) -> None:
+    deadline = time.monotonic() + seconds
+    while not ready():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not start in {seconds:.0f} s:\n{log.read_text()[-3000:]}")
+        time.sleep(1)
+
+
+def _kill_leftovers(root: Path) -> None:
+    """Kill, by pid, any process still naming one of this cluster's session folders (a worker the
+    raylet did not take down with it), then assert none is left."""
+    import psutil
+
+    def ours() -> list[psutil.Process]:
+        found = []
+        for proc in psutil.process_iter(["cmdline"]):
+            if any(str(root) in part for part in proc.info["cmdline"] or []):
+                found.append(proc)
+        return found
+
+    for proc in ours():
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(ours(), timeout=30)
+    assert not ours(), f"Ray processes of {root} left running: {[p.pid for p in ours()]}"
+
+
+def submit(cluster: Cluster, shared: Path, *overrides: str) -> str:
+    """recipes/submit.sh --no-wait with ``overrides`` after the smoke's; returns the submission id."""
+    command = ["bash", str(REPO / "recipes" / "submit.sh"), "--address", cluster.jobs, "--shared", str(shared),
+               "--name", RUN, "--no-wait", "--", *SMOKE, *overrides]  # fmt: skip
+
+    def once() -> str:
+        done = subprocess.run(command, env=_ray_env(), capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise RuntimeError(f"submit.sh failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+        return next(line.split()[1] for line in done.stdout.splitlines() if line.startswith("Submitting "))
+
+    return submit_when_ready(once)
+
+
+def finished_job(cluster: Cluster, job: str, seconds: float) -> str:
+    """The logs of ``job``, after asserting that it succeeded."""
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    client = JobSubmissionClient(cluster.jobs)
+    status = wait_for_job(client, job, seconds)
+    logs = client.get_job_logs(job)
+    assert status == JobStatus.SUCCEEDED, logs[-6000:]
+    return logs
+
+
+def agent_loop_placement(cluster: Cluster) -> dict[str, str]:
+    """Ray's record of where the agent-loop workers of the jobs so far ran: actor name -> node id."""
+    from ray.util.state import list_actors
+
+    actors = list_actors(address=cluster.jobs, detail=True, limit=1000, raise_on_missing_output=False)
+    return {a.name: a.node_id for a in actors if (a.name or "").startswith("agent_loop_worker_")}
+
+
+def test_a_cpu_run_joining_a_ray_cluster_leaves_the_cpu_count_to_the_cluster(monkeypatch):
+    """In a Ray job (RAY_ADDRESS set by Ray's job supervisor) verl's ray.init connects, and Ray
+    refuses num_cpus / include_dashboard there: the CPU backend sets them only for a Ray it starts."""
+    from hydra import compose, initialize_config_dir
+
+    from infmem_verl import conf_dir
+    from infmem_verl.cpu.backend import MIN_RAY_CPUS, apply_cpu_backend
+
+    def ray_init(address: str | None):
+        if address is None:
+            monkeypatch.delenv("RAY_ADDRESS", raising=False)
+        else:
+            monkeypatch.setenv("RAY_ADDRESS", address)
+        with initialize_config_dir(str(conf_dir()), version_base=None):
+            config = compose("infmem_trainer", overrides=["+recipe=smoke"])
+        apply_cpu_backend(config)
+        assert config.trainer.v1.trainer_mode == "infmem_cpu"
+        return config.ray_kwargs.ray_init
+
+    alone = ray_init(None)
+    assert alone.num_cpus >= MIN_RAY_CPUS and alone.include_dashboard is False
+    joined = ray_init("10.0.0.1:6379")
+    assert joined.get("num_cpus") is None and joined.get("include_dashboard") is None
+
+
+@cluster_smoke
+def test_a_smoke_job_on_a_two_node_cluster_saves_and_resumes(tmp_path, monkeypatch):
+    for key, value in AUTH.items():
+        monkeypatch.setenv(key, value)
+    shared = tmp_path / "shared"  # "shared storage": one absolute path both nodes see
+    data = shared / "data"
+    data_args = (f"data.train_files={data}/train.parquet", f"data.val_files={data}/val.parquet")
+    started = time.monotonic()
+    # Ray's session folders hold its Unix sockets, whose paths must stay under 108 bytes.
+    ray_root = Path(tempfile.mkdtemp(prefix="infmem-ray-", dir="/tmp"))
+    with two_node_cluster(ray_root) as cluster:
+        nodes = {n.node_id: n for n in _alive_nodes(cluster.jobs)}
+        assert sorted(int(n.resources_total["CPU"]) for n in nodes.values()) == sorted([HEAD_CPUS, WORKER_CPUS])
+        up = time.monotonic()
+
+        first = finished_job(cluster, submit(cluster, shared, *data_args, "trainer.total_training_steps=1"), 1200)
+        one = time.monotonic()
+        placed_first = agent_loop_placement(cluster)
+        second = finished_job(cluster, submit(cluster, shared, *data_args, "trainer.total_training_steps=2"), 1200)
+        two = time.monotonic()
+        placed = agent_loop_placement(cluster)
+    print(
+        f"\n[cluster smoke] cluster up {up - started:.0f} s, job 1 (step 1, save) {one - up:.0f} s, "
+        f"job 2 (resume, step 2, save) {two - one:.0f} s, stop {time.monotonic() - two:.0f} s",
+        flush=True,
+    )
+    print(f"[cluster smoke] agent-loop workers -> node: {placed}", flush=True)
+    for job, logs in (("job 1", first), ("job 2", second)):
+        for line in logs.splitlines():
+            if line.startswith(("[infmem] Ray cluster", "[infmem] backend", "[infmem cpu] step")):
+                print(f"[cluster smoke] {job}: {line}", flush=True)
+
+    # The entrypoint joined the cluster and counted both nodes: 9 + 7 CPUs, from the job's own log.
+    for logs in (first, second):
+        assert f"[infmem] Ray cluster: 2 alive node(s), CPU={HEAD_CPUS + WORKER_CPUS:g} in all" in logs, logs[-4000:]
+    # One agent-loop worker on each node per job. verl hands each worker an equal share of the step's
+    # 4 trajectories, and each trajectory resolves its document from the store at the shared path in
+    # its worker: none failed, and every one read its document's chunks, on both nodes.
+    assert len(placed_first) == 2 and set(placed_first.values()) == set(nodes), placed_first
+    assert len(placed) == 4 and set(placed.values()) == set(nodes), placed
+    assert "[infmem cpu] step 1/1" in first, first[-4000:]
+    records = shared / "tensorboard" / RUN
+    steps = [json.loads(line) for line in (records / "steps.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == [1, 2]
+    for step in steps:
+        assert step["infmem/failed_trajectories"] == 0 and step["infmem/chunks_read"] == step["infmem/num_chunks"] == 2
+        assert len((records / "trajectories" / f"step_{step['step']}.jsonl").read_text().splitlines()) == 4
+
+    # Checkpoints in the absolute folder submit.sh --shared chose, not in Ray's copy of the checkout.
+    checkpoints = shared / "checkpoints" / RUN
+    assert (checkpoints / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    assert (checkpoints / "global_step_2" / "actor").is_dir()
+    assert not list(ray_root.rglob("global_step_*"))
+    shutil.rmtree(ray_root, ignore_errors=True)
+    # The second job resumed from the first one's step 1 and trained step 2 only.
+    assert "[infmem cpu] step 2/2" in second and "[infmem cpu] step 1/" not in second, second[-4000:]
