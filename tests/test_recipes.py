@@ -83,6 +83,11 @@ def test_ray_worker_joins_the_head_it_is_given():
     assert command == [
         "ray", "start", "--address=10.1.2.3:6380", "--node-ip-address=10.1.2.4", "--num-gpus=8", "--block"
     ]  # fmt: skip
+    # A second node on the head's machine (tests/test_cluster.py): its own session folder and agent port.
+    result = run_script("ray_worker.sh", "--dry-run", "--address", "10.1.2.3:6380", "--num-gpus", "0",
+                        "--node-ip", "10.1.2.3", "--temp-dir", "/tmp/node2", "--agent-port", "52400")  # fmt: skip
+    [command] = commands(result.stdout, "ray")
+    assert command[-2:] == ["--temp-dir=/tmp/node2", "--dashboard-agent-listen-port=52400"]
 
 
 @pytest.mark.parametrize(
@@ -92,6 +97,7 @@ def test_ray_worker_joins_the_head_it_is_given():
         ("ray_head.sh", ["--num-gpus", "two"], r"--num-gpus: expected a non-negative integer, got 'two'"),
         ("ray_head.sh", ["--port", "8265"], r"--dashboard-port: must differ from --port"),
         ("ray_head.sh", ["--num-cpus"], r"--num-cpus: expected a value"),
+        ("ray_head.sh", ["--agent-port", "0"], r"--agent-port: expected a port in 1\.\.65535, got '0'"),
         ("ray_worker.sh", ["--num-gpus", "1"], r"--address: required"),
         ("ray_worker.sh", ["--address", "http://h:6379"], r"--address: expected HOST:PORT"),
         ("submit.sh", ["--", "trainer.nnodes=2"], r"no recipe: .*\+recipe=NAME"),
