@@ -3,9 +3,10 @@
 verl 0.9.1 reaches the accelerator only through ``verl.plugin.platform.get_platform()`` (device
 name and module, process-group backend, Ray resource name, visible-devices variable, rollout
 environment). It ships NVIDIA, Ascend and ROCm platforms and lets plugins register more
-(``PlatformRegistry.register``); this module registers one for CPUs, so verl's own
-``ActorRolloutRefWorker`` (FSDP engine, gloo process group) and its vLLM server (on vLLM's CPU
-build) run unchanged on a machine without a GPU.
+(``PlatformRegistry.register``); this module registers one for CPUs, so verl's own training
+workers (the FSDP2 engine over a gloo process group; :mod:`.cpu_engine` registers the engines)
+and its vLLM server (on vLLM's CPU build) run unchanged on a machine without a GPU. verl's RL
+weight sync into vLLM's CPU build does not (infmem_verl/cpu/README.md says why).
 
 * **Ranks are Ray ``GPU`` slots.** verl places every trainer rank on one unit of the resource the
   platform names, and its resource check counts Ray's ``GPU`` resource by that name; on CPU those
