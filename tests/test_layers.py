@@ -17,9 +17,10 @@ LAYERS = [
     {"agent"},  # the framework-free core and its records (facts, errors, config)
     {"assets", "settings", "warmup_report"},  # readers of files and of the infmem.* config
     {"data", "cli"},  # cli: the entry points' one-line report of bad input
+    {"small_vocab"},  # the stand-in students' tokenizer, trained on the assets' and the data's text
     {"policy"},
     {"reward", "metrics"},
-    {"cost", "run_record", "evaluation"},
+    {"cost", "footprint", "run_record", "evaluation"},
     {"preflight", "viewer", "verl_plugin"},
     {"cpu", "sft"},
     {"console", "eval", "export"},
