@@ -194,10 +194,13 @@ def test_vllm_serve_flags_are_ones_the_project_passes_to_a_real_vllm():
         assert flags and all(f'"{flag}"' in ours or f" {flag} " in ours for flag in flags), flags
 
 
-def test_the_released_checkpoint_command_reads_its_prompts_and_parses_to_that_protocol(tmp_path):
+def test_the_released_checkpoint_command_reads_its_prompts_and_parses_to_that_protocol(tmp_path, monkeypatch):
     [command] = of_kind("infmem_verl.eval")
     root = checkout(tmp_path / "MemAgent", "memagent", MEMAGENT)  # a fixture in MemAgent's layout
     args = command[3:]
+    monkeypatch.chdir(tmp_path)  # the command's data folder and pool file (stand-ins: parsing checks they exist)
+    Path(args[args.index("--data-dir") + 1]).mkdir(parents=True)
+    Path(args[args.index("--pool") + 1].split("=", 1)[1]).touch()
     args[args.index("--templates-from") + 1] = str(root)
     args[args.index("--out") + 1] = str(tmp_path / "run")
     cfg = eval_cli.parse_args(args)
