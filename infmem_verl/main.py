@@ -16,12 +16,15 @@ agent loops read. Then verl's own ``validate_config`` runs, and (unless ``dry_ru
 A recipe with ``infmem.bootstrap`` (the smoke recipe) first builds its missing inputs: the tiny
 Qwen3 and synthetic data files. ``infmem.backend`` (:mod:`infmem_verl.cpu.backend`) picks stock
 verl on GPUs or the CPU backend, and says which; a GPU recipe on a machine without a GPU stops
-with the recipe to use instead. Ctrl-C stops every Ray process the run started.
+with the recipe to use instead. Ctrl-C stops every Ray process the run started; so does the death
+of one of them (the generation server, an agent-loop or reward worker), with one line naming it
+and the checkpoint to resume from (:mod:`infmem_verl.actor_faults`), exit status 1.
 """
 
 from __future__ import annotations
 
 import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +32,7 @@ import hydra
 from omegaconf import DictConfig
 
 from infmem_verl import conf_dir
+from infmem_verl.actor_faults import TrainingStopped, dead_actor, stop_line
 from infmem_verl.agent.errors import ConfigError
 from infmem_verl.cli import exit_on_input_error, run_hydra
 from infmem_verl.cost import apply_cost_levers, dry_run_ledger
@@ -174,7 +178,8 @@ def train(config: DictConfig) -> None:
 
     On Ctrl-C (or any error) every Ray process this call started - task runner, TransferQueue,
     agent-loop and reward workers, generation actor - is stopped; a Ray session the caller
-    started is left to the caller.
+    started is left to the caller. One of those actors dying raises :class:`TrainingStopped`,
+    whose message names it (Ray's traceback goes to verl's output).
     """
     import ray
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
@@ -185,6 +190,12 @@ def train(config: DictConfig) -> None:
     except KeyboardInterrupt:
         print("[infmem] interrupted: stopping the Ray workers this run started", file=sys.stderr, flush=True)
         raise
+    except ray.exceptions.ActorDiedError as err:
+        actor = dead_actor(err)
+        if actor is None:
+            raise
+        traceback.print_exc()  # in full where verl's output goes (run.log unless -v)
+        raise TrainingStopped(stop_line(actor, Path(config.trainer.default_local_dir))) from None
     finally:
         if owns_ray and ray.is_initialized():
             ray.shutdown()
@@ -194,7 +205,11 @@ def train(config: DictConfig) -> None:
 def main(config: DictConfig) -> None:
     silence_known_warnings()
     with exit_on_input_error("infmem", (WarmupError,)):
-        run(config)
+        try:
+            run(config)
+        except TrainingStopped as stopped:  # outside the compact console: the line reaches the terminal
+            print(f"[infmem] {stopped}", file=sys.stderr, flush=True)
+            raise SystemExit(1) from None
 
 
 HELP_FLAGS = ("-h", "--help")

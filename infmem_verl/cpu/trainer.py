@@ -23,11 +23,14 @@ last update. Checkpoints are verl's own save and resume
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import ray
 import torch
 from transfer_queue import KVBatchMeta
 from verl.experimental.reward_loop import RewardLoopManager
 from verl.trainer.ppo.v1 import register_trainer
+from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.rollout.llm_server import LLMServerClient
 
@@ -36,6 +39,24 @@ from infmem_verl.cpu.report import step_line, validation_line
 from infmem_verl.verl_plugin.trainer import InfMemSyncTrainer
 
 WEIGHTS = "cpu/weights"
+# How long a liveness ping may wait on a busy actor before the poll goes on (it is alive then).
+PING_TIMEOUT_S = 5.0
+
+
+class WatchedReplayBuffer(ReplayBuffer):
+    """verl's sync replay buffer, which also checks between its polls that the actors filling it
+    are alive (``watch`` raises when one is dead).
+
+    verl's agent-loop workers put finished trajectories into TransferQueue from background tasks,
+    and the replay buffer polls for them: a worker killed mid-rollout leaves its samples
+    "running" forever, and the run would wait for them without end.
+    """
+
+    watch: Callable[[], None]
+
+    def _wait_for_next_poll(self, partition_id: str, last_debug_time: float) -> float:
+        self.watch()
+        return super()._wait_for_next_poll(partition_id, last_debug_time)
 # Per-trajectory statistics shown in the validation line, besides the reward components.
 VALIDATION_NAMES = ("reward", "acc", "chunks_read", "stopped_early", "llm_sequences")
 
@@ -83,6 +104,26 @@ class InfMemCPUTrainer(InfMemSyncTrainer):
         self.checkpoint_manager.sleep_replicas()
         self._load_checkpoint()
         self._weight_metrics: dict[str, int] = {}
+
+    def _build_replay_buffer(self) -> ReplayBuffer:
+        """verl's replay buffer, watching the agent-loop workers and the generation actor.
+
+        verl builds it with arguments only its own classes take, so the sync mode's buffer is
+        turned into its subclass rather than built again; a custom sampler is left unwatched.
+        """
+        buffer = super()._build_replay_buffer()
+        if type(buffer) is ReplayBuffer:
+            buffer.__class__ = WatchedReplayBuffer
+            buffer.watch = self._check_actors_alive
+        return buffer
+
+    def _check_actors_alive(self) -> None:
+        """Ping the agent-loop workers and the generation actor: a dead one's ping raises Ray's
+        ``ActorDiedError`` naming it (the launcher reports it, :mod:`infmem_verl.actor_faults`)."""
+        actors = [*self.agent_loop_manager.agent_loop_workers, self.generation_server]
+        pings = [actor.__ray_ready__.remote() for actor in actors]
+        answered, _ = ray.wait(pings, num_returns=len(pings), timeout=PING_TIMEOUT_S)
+        ray.get(answered)
 
     def get_llm_client(self) -> LLMServerClient:
         """verl's client over verl's load balancer, which knows one server: the generation actor."""
