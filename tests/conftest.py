@@ -117,3 +117,20 @@ def warm_model(tmp_path_factory):
 
     cache = tmp_path_factory.mktemp("warm_cache")
     return warm_qwen3_dir(demo_config(*WARMUP_SMALL), "demo", WARMUP_SMALL, cache_dir=cache)
+
+
+@pytest.fixture
+def token_auth(monkeypatch):
+    """This process's Ray clients in token mode. Ray reads the mode into its config when first
+    imported (an earlier test may have), so the config is read again, as `ray start` does when it
+    turns the mode on (ray/_private/authentication/authentication_token_setup.py), and after."""
+    from ray._raylet import Config
+
+    from ray_jobs import AUTH
+
+    for key, value in AUTH.items():
+        monkeypatch.setenv(key, value)
+    Config.initialize("")
+    yield
+    monkeypatch.undo()
+    Config.initialize("")

@@ -19,19 +19,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from ray_jobs import submit_when_ready, wait_for_job
+from ray_jobs import Cluster, alive_nodes, ray_cluster, ray_env, submit_when_ready, wait_for_job
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,137 +53,13 @@ SMOKE = (
 )
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@dataclass
-class Cluster:
-    gcs: str  # HOST:PORT the nodes join
-    jobs: str  # the job server's URL
-    temp_dirs: list[Path]  # one session folder per node
-
-
-def _ray_env() -> dict[str, str]:
-    """This venv's `ray` and `python` first on PATH: the job's entrypoint (`python -m ...`) runs in
-    the raylets' environment."""
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", **AUTH)
-    # Models and the tokenizer from this machine's cache (submit.sh --shared would point HF_HOME at
-    # the shared folder, where nothing was downloaded: the job is offline).
-    env.setdefault("HF_HOME", str(Path.home() / ".cache" / "huggingface"))
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    return env
-
-
-# Ray 2.60's `ray start --head` turns token authentication on by itself when ~/.ray/auth_token exists,
-# and a node joining without RAY_AUTH_MODE=token is then refused (InvalidAuthToken): every node, and
-# every client (submit.sh, the state API), runs with it, reading the token from that one file.
-AUTH = {"RAY_AUTH_MODE": "token"}
-
-
-@pytest.fixture
-def token_auth(monkeypatch):
-    """This process's Ray clients in token mode. Ray reads the mode into its config when first
-    imported (an earlier test may have), so the config is read again, as `ray start` does when it
-    turns the mode on (ray/_private/authentication/authentication_token_setup.py), and after."""
-    from ray._raylet import Config
-
-    for key, value in AUTH.items():
-        monkeypatch.setenv(key, value)
-    Config.initialize("")
-    yield
-    monkeypatch.undo()
-    Config.initialize("")
-
-
-def _alive_nodes(jobs: str) -> list:
-    from ray.util.state import list_nodes
-
-    try:
-        return [n for n in list_nodes(address=jobs, raise_on_missing_output=False) if n.state == "ALIVE"]
-    except Exception:  # the dashboard is still starting (connection refused, 5xx)
-        return []
-
-
-@contextmanager
-def two_node_cluster(root: Path) -> Iterator[Cluster]:
-    """A head and a second node on loopback, each a real `ray start --block` started by the repo's
-    scripts in its own process group, with its own session folder and dashboard-agent port (Ray's
-    default, 52365, is taken by whichever Ray started first on this machine); stopped (and every
-    process of theirs gone) on exit.
-
-    Not `ray stop`: it kills every Ray process of the machine by name, other runs' included."""
-    port, dashboard = free_port(), free_port()
-    root.mkdir(parents=True, exist_ok=True)
-    head_dir, worker_dir = root / "head", root / "worker"
-    cluster = Cluster(f"127.0.0.1:{port}", f"http://127.0.0.1:{dashboard}", [head_dir, worker_dir])
-    env = _ray_env()
-    nodes: list[subprocess.Popen] = []
-
-    def start(script: str, *args: str, log: Path) -> None:
-        command = ["bash", str(REPO / "recipes" / script), "--node-ip", "127.0.0.1", "--num-gpus", "0", *args, "--block"]
-        with log.open("w") as out:
-            nodes.append(subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
-
-    try:
-        start("ray_head.sh", "--port", str(port), "--dashboard-port", str(dashboard), "--num-cpus", str(HEAD_CPUS),
-              "--temp-dir", str(head_dir), "--agent-port", str(free_port()), log=root / "head.log")  # fmt: skip
-        _wait(lambda: (head_dir / "ray_current_cluster").is_file(), 180, "the Ray head", root / "head.log")
-        start("ray_worker.sh", "--address", cluster.gcs, "--num-cpus", str(WORKER_CPUS), "--temp-dir", str(worker_dir),
-              "--agent-port", str(free_port()), log=root / "worker.log")  # fmt: skip
-        _wait(lambda: len(_alive_nodes(cluster.jobs)) == 2, 180, "the second node", root / "worker.log")
-        yield cluster
-    finally:
-        for node in reversed(nodes):  # SIGTERM: `ray start --block` stops its node's processes
-            if node.poll() is None:
-                os.killpg(node.pid, signal.SIGTERM)
-        for node in nodes:
-            try:
-                node.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(node.pid, signal.SIGKILL)
-                node.wait()
-        _kill_leftovers(root)
-
-
-def _wait(ready, seconds: float, what: str, log: Path) -> None:
-    deadline = time.monotonic() + seconds
-    while not ready():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} did not start in {seconds:.0f} s:\n{log.read_text()[-3000:]}")
-        time.sleep(1)
-
-
-def _kill_leftovers(root: Path) -> None:
-    """Kill, by pid, any process still naming one of this cluster's session folders (a worker the
-    raylet did not take down with it), then assert none is left."""
-    import psutil
-
-    def ours() -> list[psutil.Process]:
-        found = []
-        for proc in psutil.process_iter(["cmdline"]):
-            if any(str(root) in part for part in proc.info["cmdline"] or []):
-                found.append(proc)
-        return found
-
-    for proc in ours():
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(ours(), timeout=30)
-    assert not ours(), f"Ray processes of {root} left running: {[p.pid for p in ours()]}"
-
-
 def submit(cluster: Cluster, shared: Path, *overrides: str) -> str:
     """recipes/submit.sh --no-wait with ``overrides`` after the smoke's; returns the submission id."""
     command = ["bash", str(REPO / "recipes" / "submit.sh"), "--address", cluster.jobs, "--shared", str(shared),
                "--name", RUN, "--no-wait", "--", *SMOKE, *overrides]  # fmt: skip
 
     def once() -> str:
-        done = subprocess.run(command, env=_ray_env(), capture_output=True, text=True, timeout=300)
+        done = subprocess.run(command, env=ray_env(), capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             raise RuntimeError(f"submit.sh failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
         return next(line.split()[1] for line in done.stdout.splitlines() if line.startswith("Submitting "))
@@ -249,8 +119,8 @@ def test_a_smoke_job_on_a_two_node_cluster_saves_and_resumes(tmp_path, token_aut
     started = time.monotonic()
     # Ray's session folders hold its Unix sockets, whose paths must stay under 108 bytes.
     ray_root = Path(tempfile.mkdtemp(prefix="infmem-ray-", dir="/tmp"))
-    with two_node_cluster(ray_root) as cluster:
-        nodes = {n.node_id: n for n in _alive_nodes(cluster.jobs)}
+    with ray_cluster(ray_root, HEAD_CPUS, WORKER_CPUS) as cluster:
+        nodes = {n.node_id: n for n in alive_nodes(cluster.jobs)}
         assert sorted(int(n.resources_total["CPU"]) for n in nodes.values()) == sorted([HEAD_CPUS, WORKER_CPUS])
         up = time.monotonic()
 

@@ -301,31 +301,35 @@ for override in ("trainer.save_freq=50", "trainer.default_local_dir=/shared/ckpt
 """
 
 
-def test_a_relative_checkpoint_folder_is_refused_in_a_ray_job(tmp_path):
+def test_a_relative_checkpoint_folder_is_refused_in_a_ray_job(tmp_path, token_auth):
     """A real Ray job (job server, uploaded working directory): the entrypoint sees Ray's job
     environment, and a relative folder of a run that saves is refused before anything starts."""
     import json
+    import shutil
+    import tempfile
 
-    import ray
     from ray.job_submission import JobStatus, JobSubmissionClient
-    from ray_jobs import submit_when_ready, wait_for_job
+    from ray_jobs import ray_cluster, submit_when_ready, wait_for_job
 
     (tmp_path / "upload").mkdir()
     (tmp_path / "upload" / "README").write_text("the job's working directory")
-    context = ray.init(num_cpus=1, include_dashboard=True, dashboard_port=0, logging_level="ERROR")
+    # A head of its own (a free job-agent port: ray.init would take Ray's default, which another
+    # Ray of the suite may hold); its session folder short, for Ray's Unix socket paths.
+    ray_root = Path(tempfile.mkdtemp(prefix="infmem-ray-", dir="/tmp"))
     try:
-        client = JobSubmissionClient(f"http://{context.dashboard_url}")
-        env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-        runtime_env = {"working_dir": str(tmp_path / "upload"), "env_vars": env}
-        script = tmp_path / "in_a_ray_job.py"
-        script.write_text(IN_A_RAY_JOB)
-        entrypoint = f"{sys.executable} -W ignore {script}"
-        job = submit_when_ready(lambda: client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env))
-        status = wait_for_job(client, job)
-        logs = client.get_job_logs(job)
-        assert status == JobStatus.SUCCEEDED, logs[-3000:]
+        with ray_cluster(ray_root, head_cpus=1) as cluster:
+            client = JobSubmissionClient(cluster.jobs)
+            env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+            runtime_env = {"working_dir": str(tmp_path / "upload"), "env_vars": env}
+            script = tmp_path / "in_a_ray_job.py"
+            script.write_text(IN_A_RAY_JOB)
+            entrypoint = f"{sys.executable} -W ignore {script}"
+            job = submit_when_ready(lambda: client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env))
+            status = wait_for_job(client, job)
+            logs = client.get_job_logs(job)
+            assert status == JobStatus.SUCCEEDED, logs[-3000:]
     finally:
-        ray.shutdown()
+        shutil.rmtree(ray_root, ignore_errors=True)
     relative, absolute, not_saving = (json.loads(line) for line in logs.strip().splitlines() if line.startswith("{"))
     assert relative["error"].startswith(
         f"trainer.default_local_dir: 'checkpoints/infmem_verl/smoke' is relative, and this is the entrypoint of Ray job {job}"
