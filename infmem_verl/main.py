@@ -17,8 +17,10 @@ A recipe with ``infmem.bootstrap`` (the smoke recipe) first builds its missing i
 Qwen3 and synthetic data files. ``infmem.backend`` (:mod:`infmem_verl.cpu.backend`) picks stock
 verl on GPUs or the CPU backend, and says which; a GPU recipe on a machine without a GPU stops
 with the recipe to use instead. Ctrl-C stops every Ray process the run started; so does the death
-of one of them (the generation server, an agent-loop or reward worker), with one line naming it
-and the checkpoint to resume from (:mod:`infmem_verl.actor_faults`), exit status 1.
+of one the step waits on (the generation server, an agent-loop worker; with rule-based rewards
+verl scores inside the agent-loop workers, so a reward worker's death surfaces only when one is
+called), with one line naming it and the checkpoint to resume from
+(:mod:`infmem_verl.actor_faults`), exit status 1.
 """
 
 from __future__ import annotations

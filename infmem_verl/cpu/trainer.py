@@ -57,6 +57,8 @@ class WatchedReplayBuffer(ReplayBuffer):
     def _wait_for_next_poll(self, partition_id: str, last_debug_time: float) -> float:
         self.watch()
         return super()._wait_for_next_poll(partition_id, last_debug_time)
+
+
 # Per-trajectory statistics shown in the validation line, besides the reward components.
 VALIDATION_NAMES = ("reward", "acc", "chunks_read", "stopped_early", "llm_sequences")
 
