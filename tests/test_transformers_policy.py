@@ -191,6 +191,20 @@ async def test_sampling_is_reproducible_and_independent_of_batching(policy_model
     assert [g.token_ids for g in batched] != [g.token_ids for g in other_seed]
 
 
+async def test_sampling_does_not_depend_on_the_order_concurrent_calls_arrive_in(policy_model, prompts) -> None:
+    """Agents running concurrently call in an order set by timing; a seeded row must not follow it.
+    Repeats of one prompt (the n rollouts of a group) still draw differently."""
+    params = SamplingParams(max_tokens=10, temperature=1.0)
+    async with make_policy(policy_model, seed=11) as policy:
+        forward = await gather(policy, prompts + [prompts[0]], params)
+    async with make_policy(policy_model, seed=11) as policy:
+        backward = await gather(policy, [prompts[0]] + prompts[::-1], params)
+    assert [g.token_ids for g in forward[1:-1]] == [g.token_ids for g in backward[1:-1][::-1]]
+    # the first and second call with prompts[0] come first and last in both orders
+    assert (forward[0].token_ids, forward[-1].token_ids) == (backward[0].token_ids, backward[-1].token_ids)
+    assert forward[0].token_ids != forward[-1].token_ids
+
+
 async def test_logprobs_false_returns_none(policy_model, prompts) -> None:
     async with make_policy(policy_model) as policy:
         out = await policy.generate(prompts[0], SamplingParams(max_tokens=3, temperature=0.0, logprobs=False))

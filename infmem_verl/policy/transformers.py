@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -196,9 +197,11 @@ class TransformersPolicy:
     """A batching, in-process :class:`Policy` over a causal LM (see the module docstring).
 
     ``max_batch`` caps how many queued calls are decoded together; after the first call arrives the
-    worker waits at most ``batch_wait_s`` for more. ``seed`` makes sampling reproducible: call
-    number n (in the order ``generate`` was called) draws from its own generator seeded by
-    ``(seed, n)``, so a row's tokens do not depend on which other rows shared its batch.
+    worker waits at most ``batch_wait_s`` for more. ``seed`` makes sampling reproducible: the
+    n-th call with a given prompt draws from its own generator seeded by ``(seed, prompt, n)``, so
+    a row's tokens depend neither on which other rows shared its batch nor on the order in which
+    concurrent agents happened to call (a held-out check gives the same trajectories whatever the
+    timing); the n rollouts of one prompt still draw differently.
     ``batch_sizes`` records the size of every batch run, for tests and benchmarks.
     ``prefix_cache_bytes`` bounds the prefix store (0 turns it off).
     """
@@ -234,7 +237,7 @@ class TransformersPolicy:
         self._pad_id = int(pad) if pad is not None else min(self.eos_token_ids)
         self._vocab_size = int(model.get_input_embeddings().num_embeddings)
         self._max_positions: int | None = getattr(config, "max_position_embeddings", None)
-        self._calls = 0
+        self._prompt_calls: dict[int, int] = {}  # prompt digest -> calls so far, for seeding
         self._closed = False
         self._queue: asyncio.Queue[_Request] | None = None
         self._worker: asyncio.Task | None = None
@@ -264,7 +267,7 @@ class TransformersPolicy:
             raise RuntimeError("TransformersPolicy is closed")
         prompt = self._checked_prompt(prompt_ids, params.max_tokens)
         queue = self._ensure_worker()
-        request = _Request(prompt, params, self._next_generator(), self._loop.create_future())
+        request = _Request(prompt, params, self._generator_for(prompt), self._loop.create_future())
         queue.put_nowait(request)
         return await request.future
 
@@ -298,14 +301,17 @@ class TransformersPolicy:
             self._worker = loop.create_task(self._serve(self._queue))
         return self._queue
 
-    def _next_generator(self) -> torch.Generator:
+    def _generator_for(self, prompt: list[int]) -> torch.Generator:
         generator = torch.Generator()
         if self.seed is None:
             generator.seed()
-        else:
-            state = np.random.SeedSequence((self.seed, self._calls)).generate_state(1, dtype=np.uint64)
-            generator.manual_seed(int(state[0]))
-        self._calls += 1
+            return generator
+        digest = hashlib.blake2b(np.asarray(prompt, dtype=np.int64).tobytes(), digest_size=8).digest()
+        key = int.from_bytes(digest, "little")
+        nth = self._prompt_calls.get(key, 0)
+        self._prompt_calls[key] = nth + 1
+        state = np.random.SeedSequence((self.seed, key, nth)).generate_state(1, dtype=np.uint64)
+        generator.manual_seed(int(state[0]))
         return generator
 
     async def _serve(self, queue: asyncio.Queue[_Request]) -> None:
