@@ -57,11 +57,13 @@ import aiohttp
 import numpy as np
 
 from bench.agent_core import REPO, Row, print_table
-from infmem_verl.agent.cache import DocumentCache, PreparedDocument
+from infmem_verl.agent.cache import DocumentCache
 from infmem_verl.agent.config import AgentConfig, CallBudget
+from infmem_verl.agent.document import Document
 from infmem_verl.agent.facts import turn_facts
 from infmem_verl.agent.loops import build_agent
 from infmem_verl.agent.policy import Generation, SamplingParams
+from infmem_verl.agent.retrieval import BM25Index
 from infmem_verl.agent.trajectory import Trajectory
 from infmem_verl.assets import load_tokenizer, tiny_qwen3_dir
 from infmem_verl.data.synthetic import make_dataset
@@ -140,26 +142,38 @@ class StageCPU:
 class TimedCache(DocumentCache):
     """The agents' document cache, with the CPU time of each build and each search recorded."""
 
-    def __init__(self, *args, cpu: StageCPU, **kwargs):
+    def __init__(self, *args, cpu: StageCPU, index_first: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
-        self.cpu = cpu
+        self.cpu, self.index_first = cpu, index_first
 
-    def prepare(self, text: str, with_index: bool) -> PreparedDocument:
-        started = time.thread_time()
-        prepared = super().prepare(text, with_index)
-        self.cpu.add("build", time.thread_time() - started)
-        if prepared.index is not None:
-            search, cpu = prepared.index.search, self.cpu
-
-            def timed_search(*args, **kwargs):
-                begun = time.thread_time()
-                try:
-                    return search(*args, **kwargs)
-                finally:
-                    cpu.add("search", time.thread_time() - begun)
-
-            prepared.index.search = timed_search  # this index only (an instance attribute)
+    async def get(self, text: str, with_index: bool = True):
+        prepared = await super().get(text, with_index)
+        if self.index_first and with_index:  # as before the index built behind the first calls
+            await prepared.ready_index()
         return prepared
+
+    def prepare_document(self, text: str) -> Document:
+        started = time.thread_time()
+        try:
+            return super().prepare_document(text)
+        finally:
+            self.cpu.add("build", time.thread_time() - started)
+
+    def build_index(self, document: Document) -> BM25Index:
+        started = time.thread_time()
+        index = super().build_index(document)
+        self.cpu.add("build", time.thread_time() - started)  # its own thread, behind the first calls
+        search, cpu = index.search, self.cpu
+
+        def timed_search(*args, **kwargs):
+            begun = time.thread_time()
+            try:
+                return search(*args, **kwargs)
+            finally:
+                cpu.add("search", time.thread_time() - begun)
+
+        index.search = timed_search  # this index only (an instance attribute)
+        return index
 
 
 # ---------------------------------------------------------------------------------------------
@@ -194,9 +208,9 @@ def reset_prefix_cache(url: str) -> None:
             raise RuntimeError(f"{url}: the prefix cache could not be reset")
 
 
-async def agent_run(agent_name: str, cfg: AgentConfig, tokenizer, url: str, data, shape: Shape) -> Run:
+async def agent_run(agent_name: str, cfg: AgentConfig, tokenizer, url: str, data, shape: Shape, index_first: bool = False) -> Run:
     stages = StageCPU()
-    cache = TimedCache(tokenizer, cfg.document, cfg.retrieval, cfg.retrieval.cache_size, cpu=stages)
+    cache = TimedCache(tokenizer, cfg.document, cfg.retrieval, cfg.retrieval.cache_size, cpu=stages, index_first=index_first)
     agent = build_agent(agent_name, cfg, tokenizer, cache)
     records: list[CallRecord] = []
     starts: dict[int, float] = {}
@@ -384,15 +398,23 @@ def bench_shape(shape: Shape, args, tokenizer, url: str) -> list[tuple[str, floa
     stop_ids = sorted(end_token_ids(tokenizer))
     results = []
     for agent_name in args.agents:
-        pairs = []
-        for _ in range(args.repeats):  # alternated, so that a load change on the shared cores hits both
-            reset_prefix_cache(url)
-            agent = asyncio.run(agent_run(agent_name, config(args), tokenizer, url, data, shape))
-            reset_prefix_cache(url)
-            pairs.append((agent, asyncio.run(replay(agent.calls, url, stop_ids, shape.concurrency))))
-        rows, ratio = rows_of(pairs)
-        print_table(f"{agent_name} at the {shape.name} shape: {shape.describe()}", rows)
-        results.append((f"{agent_name}/{shape.name}", ratio))
+        # --index both: InfMem once with the index built before the first call (as before) and
+        # once behind it, alternated in each repeat and their order swapped between repeats.
+        variants = {"both": [True, False], "first": [True], "background": [False]}[args.index]
+        variants = variants if agent_name == "infmem" else [False]  # MemAgent builds no index
+        pairs: dict[bool, list[tuple[Run, Run]]] = {v: [] for v in variants}
+        for repeat in range(args.repeats):  # alternated, so that a load change on the shared cores hits both
+            for index_first in variants if repeat % 2 == 0 else variants[::-1]:
+                reset_prefix_cache(url)
+                run = agent_run(agent_name, config(args), tokenizer, url, data, shape, index_first)
+                agent = asyncio.run(run)
+                reset_prefix_cache(url)
+                pairs[index_first].append((agent, asyncio.run(replay(agent.calls, url, stop_ids, shape.concurrency))))
+        for index_first, runs in pairs.items():
+            rows, ratio = rows_of(runs)
+            label = " (index built before the first call)" if index_first else ""
+            print_table(f"{agent_name}{label} at the {shape.name} shape: {shape.describe()}", rows)
+            results.append((f"{agent_name}{' index-first' if index_first else ''}/{shape.name}", ratio))
     return results
 
 
@@ -405,6 +427,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--output-tokens", type=int, default=32, help="output budget of every call (and the memory cap)")
     parser.add_argument("--repeats", type=int, default=2, help="agent run + replay pairs per agent and shape")
     parser.add_argument("--rerank", choices=("auto", "on", "off"), default="auto", help="the retriever's dense stage (auto: the default's length rule)")
+    parser.add_argument(
+        "--index",
+        choices=("background", "first", "both"),
+        default="background",
+        help="InfMem's BM25 index: built behind the first call (as DocumentCache does), before it (as it did), or both alternated",
+    )
     parser.add_argument("--server-log", type=Path, help="keep the vLLM server's log here (default: a temporary file)")
     args = parser.parse_args(argv)
     wanted = set(args.shapes.split(","))
@@ -431,7 +459,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"\ntotal bench time {time.perf_counter() - started:.0f} s")
     for name, ratio in results:
         print(f"{name}: R = {ratio:.3f}")
-    print(f"agent rollout throughput / raw generation: {min(r for _, r in results):.2f}")
+    # The last line is the code's figure: an index-first run (--index) is only a comparison.
+    print(f"agent rollout throughput / raw generation: {min(r for name, r in results if 'index-first' not in name):.2f}")
 
 
 if __name__ == "__main__":

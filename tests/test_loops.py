@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import platform
+import threading
+import time
 
 import numpy as np
 import pytest
 
-from infmem_verl.agent.cache import release_free_memory
+from infmem_verl.agent.cache import DocumentCache, release_free_memory
 from infmem_verl.agent.config import agent_config
 from infmem_verl.agent.document import text_digest
 from infmem_verl.agent.loops import build_agent
@@ -255,6 +257,131 @@ def test_rollouts_of_one_document_share_one_index(tokenizer, document):
     digest = agent.cache.key(document, with_index=True).split(":")[0]
     assert digest == prepared.document.content_hash == text_digest(document)
     assert agent.cache.key(document, with_index=False) != agent.cache.key(document, with_index=True)
+
+
+class GatedCache(DocumentCache):
+    """A real cache whose index build starts only once the first LLM call has started (or after
+    ``timeout`` seconds): a rollout that waited for the index would make the build wait out the
+    timeout, so the order of the two is what the test reads."""
+
+    def __init__(self, *args, timeout: float = 30.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.first_call, self.timeout = threading.Event(), timeout
+        self.gate_opened_by_call: bool | None = None
+        self.index_done: float | None = None
+
+    def build_index(self, document):
+        self.gate_opened_by_call = self.first_call.wait(self.timeout)
+        index = super().build_index(document)
+        self.index_done = time.perf_counter()
+        return index
+
+
+class IndexFirstCache(DocumentCache):
+    """The cache as it was: the rollout starts only once the index is built."""
+
+    async def get(self, text, with_index=True):
+        prepared = await super().get(text, with_index)
+        if with_index:
+            await prepared.ready_index()
+        return prepared
+
+
+class StartRecordingPolicy:
+    """Forwards to a policy; records when each call starts and opens ``gate`` at the first."""
+
+    def __init__(self, inner, gate: threading.Event | None = None):
+        self.inner, self.gate, self.starts = inner, gate, []
+
+    async def generate(self, prompt_ids, params):
+        self.starts.append(time.perf_counter())
+        if self.gate is not None:
+            self.gate.set()
+        return await self.inner.generate(prompt_ids, params)
+
+
+def _cache(cls, cfg, tokenizer, **kwargs):
+    return cls(tokenizer, cfg.document, cfg.retrieval, cfg.retrieval.cache_size, **kwargs)
+
+
+def test_the_first_call_is_made_while_the_index_builds(tokenizer, document):
+    """The first PreThink needs the chunks, not the index: DocumentCache.get returns with the
+    document, the index builds in a thread meanwhile, and the first search waits for it. The
+    trajectories (prompts, retrieved units, answer) are those of the index-first cache."""
+    cfg = small_cfg()
+    actions = [tool_call("retrieve", query=f"codeword {RARE}", top_k=2), tool_call("retrieve", query="music"), tool_call("stop")]
+    cache = _cache(GatedCache, cfg, tokenizer)
+    agent = build_agent("infmem", cfg, tokenizer, cache)
+    policies = [StartRecordingPolicy(ScriptedPolicy(tokenizer, Script(actions)), cache.first_call) for _ in range(2)]
+
+    async def group(agent, policies):
+        return await asyncio.gather(*(agent.run(p, "What is the hidden codeword?", document) for p in policies))
+
+    background = asyncio.run(group(agent, policies))
+    assert cache.gate_opened_by_call is True, "the index build waited for a call that never came"
+    assert min(p.starts[0] for p in policies) < cache.index_done
+    assert cache.builds == 1  # one build shared by both rollouts, the index included
+
+    reference_agent = build_agent("infmem", cfg, tokenizer, _cache(IndexFirstCache, cfg, tokenizer))
+    reference = asyncio.run(group(reference_agent, [ScriptedPolicy(tokenizer, Script(actions)) for _ in range(2)]))
+    for got, want in zip(background, reference):
+        assert [t.kind for t in got.turns] == [t.kind for t in want.turns]
+        assert [t.retrieved_units for t in got.turns] == [t.retrieved_units for t in want.turns]
+        assert all(np.array_equal(a.prompt_ids, b.prompt_ids) for a, b in zip(got.turns, want.turns))
+        assert got.prediction == want.prediction == "Paris"
+    assert background[0].turns[0].retrieved_units  # the first search found units (it waited for the index)
+
+
+class FailingIndexCache(DocumentCache):
+    """A real cache whose first ``failures`` index builds raise."""
+
+    def __init__(self, *args, failures: int = 1, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.failures = failures
+
+    def build_index(self, document):
+        if self.failures > 0:
+            self.failures -= 1
+            raise RuntimeError("index build failed on purpose")
+        return super().build_index(document)
+
+
+def test_a_failed_index_build_reaches_its_waiters_and_is_built_again(tokenizer, document):
+    cfg = small_cfg()
+    cache = _cache(FailingIndexCache, cfg, tokenizer, failures=2)
+    agent = build_agent("infmem", cfg, tokenizer, cache)
+    retrieve = [tool_call("retrieve", query="music"), tool_call("stop")]
+
+    async def group():
+        policies = [ScriptedPolicy(tokenizer, Script(retrieve)) for _ in range(3)]
+        return await asyncio.gather(*(agent.run(p, "Who?", document) for p in policies), return_exceptions=True)
+
+    failed = asyncio.run(group())
+    assert all(isinstance(r, RuntimeError) and "on purpose" in str(r) for r in failed), failed
+    assert cache.builds == 1  # the three rollouts shared the one that failed
+    # The failure did not stay cached: the next request builds again (and this build fails too).
+    with pytest.raises(RuntimeError, match="on purpose"):
+        asyncio.run(agent.cache.get(document)).index  # noqa: B018 (the property raises the build's error)
+    assert cache.builds == 2
+    again = asyncio.run(group())  # another event loop again
+    assert all(r.turns[0].retrieved_units for r in again) and cache.builds == 3
+    # A MemAgent rollout of the same document never waits for an index (none is built for it).
+    memagent = build_agent("memagent", cfg, tokenizer, cache)
+    prepared = asyncio.run(memagent.cache.get(document, with_index=False))
+    assert prepared.pending is None and prepared.index is None
+
+
+def test_the_index_property_refuses_to_block_an_event_loop(tokenizer, document):
+    cache = _cache(GatedCache, small_cfg(), tokenizer, timeout=5.0)
+
+    async def peek():
+        prepared = await cache.get(document)
+        with pytest.raises(RuntimeError, match="ready_index"):
+            prepared.index  # noqa: B018
+        cache.first_call.set()
+        return (await prepared.ready_index()) is prepared.index
+
+    assert asyncio.run(peek())
 
 
 def test_free_memory_is_handed_back_on_glibc():

@@ -172,7 +172,8 @@ class InfMemAgent(AgentLoop):
             evidence: list[np.ndarray] = []
             if action.kind == "retrieve":
                 started = time.perf_counter()
-                index, allowed = prepared.index, self._allowed_units(prepared, chunk)
+                # The index builds behind the first calls (DocumentCache.get): wait here if it must.
+                index, allowed = await prepared.ready_index(), self._allowed_units(prepared, chunk)
                 if index.rerank:
                     # In a worker thread: the dense stage may embed candidates for seconds, and the
                     # other rollouts on this event loop must not wait for it.
