@@ -200,7 +200,7 @@ async def evaluate(cfg: EvalConfig) -> Path:
     try:
         store = ResultStore(cfg.out, run_protocol(preset.name, agent_cfg, model, window))
         sources, limit = _sources(cfg, tokenizer)
-        methods = build_methods(cfg.methods, agent_cfg, tokenizer, window)
+        methods = build_methods(cfg.methods, agent_cfg, tokenizer, window, cfg.source.concurrency)
         trajectories = TrajectoryWriter(cfg.out) if cfg.record_turns else None
         runner = Runner(opened.policy, methods, store, cfg.source.concurrency, cfg.retry_failed, cfg.progress, cfg.repeats, trajectories)
         counts = await runner.run(sources, limit)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -18,12 +20,15 @@ from data_prep.compose import render_context
 from data_prep.published import PublishedWriter
 from infmem_verl import distill as distill_cli
 from infmem_verl import eval as eval_cli
+from infmem_verl.agent.cache import DocumentCache
 from infmem_verl.agent.errors import ConfigError
 from infmem_verl.data.synthetic import make_dataset
 from infmem_verl.evaluation.aggregate import aggregate, repeat_spread, wilson_interval
 from infmem_verl.evaluation.config import EvalConfig
-from infmem_verl.evaluation.methods import BaselineMethod, cut_middle
+from infmem_verl.evaluation.data import CellSource
+from infmem_verl.evaluation.methods import BaselineMethod, build_methods, cut_middle
 from infmem_verl.evaluation.published import lookup
+from infmem_verl.evaluation.runner import Runner
 from infmem_verl.evaluation.store import Key, ResultStore
 from infmem_verl.policy.scripted import ScriptedPolicy
 from infmem_verl.policy.source import ModelSource
@@ -270,3 +275,77 @@ def test_eval_and_distillation_read_the_same_model_options_the_same_way(tmp_path
     assert evaluation.source == distillation.source == expected and evaluation.seed == distillation.seed == 5
     assert expected.describe() == "http://h1:8000, http://h2:8000"
     assert eval_cli.parse_args([]).source.describe() == "in-process transformers"
+
+
+class CountingCache(DocumentCache):
+    """A real cache that counts the documents it has prepared (read from any thread)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.prepared = threading.Semaphore(0)
+
+    def prepare_document(self, text):
+        document = super().prepare_document(text)
+        self.prepared.release()
+        return document
+
+
+class WaitForDocumentsPolicy:
+    """A scripted policy whose first call waits (up to ``timeout`` s, polling the loop) until the
+    cache has prepared ``documents`` documents: with one slot, only a runner that reads and
+    prepares the next sample while this one generates gets there before the timeout."""
+
+    def __init__(self, inner, cache: CountingCache, documents: int, timeout: float = 30.0):
+        self.inner, self.cache, self.documents, self.timeout = inner, cache, documents, timeout
+        self.waited_out: bool | None = None
+
+    async def generate(self, prompt_ids, params):
+        if self.waited_out is None:
+            deadline = time.monotonic() + self.timeout
+            seen = 0
+            while seen < self.documents and time.monotonic() < deadline:
+                seen += self.cache.prepared.acquire(blocking=False)
+                await asyncio.sleep(0.01)
+            self.waited_out = seen < self.documents
+        return await self.inner.generate(prompt_ids, params)
+
+
+def test_the_runner_prepares_the_next_document_while_a_sample_generates(tokenizer, samples, tmp_path):
+    cfg = EvalConfig(preset="embedded").agent_config()
+    method = build_methods(["memagent"], cfg, tokenizer, window=8192, concurrency=1)["memagent"]
+    cache = method.agent.cache = CountingCache(tokenizer, cfg.document, cfg.retrieval, size=method.agent.cache.size)
+    answer = ScriptedPolicy(tokenizer, lambda prompt, params: "<think>\nok\n</think>\n\n\\boxed{Paris}")
+    policy = WaitForDocumentsPolicy(answer, cache, documents=2)
+    source = CellSource("synthetic", "1k", lambda: iter(samples[:2]))
+    runner = Runner(policy, {"memagent": method}, ResultStore(tmp_path, {}), concurrency=1, progress=False)
+    counts = asyncio.run(runner.run([source]))
+    assert policy.waited_out is False, "the second document was not prepared while the first sample generated"
+    assert counts.ran == 2 and counts.failed == 0
+    assert cache.builds == 2  # the second sample's run found its read-ahead document in the cache
+    assert [r["status"] for r in read_records(tmp_path)] == ["ok", "ok"]
+
+
+class SlowPolicy:
+    """A scripted policy whose calls take ``seconds`` (a server's latency: samples overlap)."""
+
+    def __init__(self, inner, seconds: float):
+        self.inner, self.seconds = inner, seconds
+
+    async def generate(self, prompt_ids, params):
+        await asyncio.sleep(self.seconds)
+        return await self.inner.generate(prompt_ids, params)
+
+
+@pytest.mark.parametrize("name", ["memagent", "bm25"])
+def test_concurrent_samples_prepare_each_document_once(tokenizer, samples, tmp_path, name):
+    # Before the caches were sized to the documents in flight, a sample's agent looked up its
+    # document after other samples' preparations had evicted it: 8 builds for 4 samples at 4.
+    cfg = EvalConfig(preset="embedded").agent_config()
+    method = build_methods([name], cfg, tokenizer, window=8192, concurrency=3)[name]
+    cache = method.agent.cache if name == "memagent" else method.cache
+    answer = ScriptedPolicy(tokenizer, lambda prompt, params: "<think>\nok\n</think>\n\n\\boxed{Paris}")
+    four = make_dataset(4, 1024, tokenizer, seed=6)
+    source = CellSource("synthetic", "1k", lambda: iter(four))
+    runner = Runner(SlowPolicy(answer, 0.02), {name: method}, ResultStore(tmp_path, {}), concurrency=3, progress=False)
+    counts = asyncio.run(runner.run([source]))
+    assert counts.ran == 4 and counts.failed == 0 and cache.builds == 4

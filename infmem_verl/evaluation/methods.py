@@ -81,19 +81,25 @@ class CountingPolicy:
         return generation
 
 
-def _one_document_cache(tokenizer: Any, cfg: AgentConfig) -> DocumentCache:
-    """Evaluation reads each document once per method: a cache of one entry keeps 1M-token
-    documents from piling up, and still lets a method prepare the document before its agent
-    runs (the agent then finds it in the cache)."""
-    return DocumentCache(tokenizer, cfg.document, cfg.retrieval, size=1)
+def _document_cache(tokenizer: Any, cfg: AgentConfig, in_flight: int) -> DocumentCache:
+    """Evaluation reads each document once per method, so the cache holds only the documents in
+    flight (``in_flight``: the runner's slots and the one sample it reads ahead) and 1M-token
+    documents do not pile up. Not fewer: a method prepares the document, then its agent looks it
+    up again, and with a smaller cache another sample's preparation in between evicts it and the
+    agent prepares it a second time (at concurrency 4 every document was prepared twice)."""
+    return DocumentCache(tokenizer, cfg.document, cfg.retrieval, size=in_flight)
 
 
 class AgentMethod:
     """InfMem or MemAgent from the agent core."""
 
-    def __init__(self, name: str, agent: str, cfg: AgentConfig, tokenizer: Any):
+    def __init__(self, name: str, agent: str, cfg: AgentConfig, tokenizer: Any, in_flight: int = 2):
         self.name = name
-        self.agent = build_agent(agent, cfg, tokenizer, _one_document_cache(tokenizer, cfg))
+        self.agent = build_agent(agent, cfg, tokenizer, _document_cache(tokenizer, cfg, in_flight))
+
+    async def prepare(self, sample: QASample) -> None:
+        """The sample's document into the cache, ahead of its run (the runner's read-ahead)."""
+        await self.agent.cache.get(sample.context, with_index=self.agent.uses_retrieval)
 
     async def run(self, policy: Policy, sample: QASample) -> MethodOutcome:
         prepared = await self.agent.cache.get(sample.context, with_index=self.agent.uses_retrieval)
@@ -161,16 +167,20 @@ class BaselineMethod:
     must fit in it, so the document (or passage block) is cut in the middle when too long.
     """
 
-    def __init__(self, name: str, cfg: AgentConfig, tokenizer: Any, window: int):
+    def __init__(self, name: str, cfg: AgentConfig, tokenizer: Any, window: int, in_flight: int = 2):
         if name not in ("full_context", "bm25"):
             raise ValueError(f"method: expected full_context or bm25, got {name!r}")
         self.name = name
         self.cfg = cfg
         self.builder = PromptBuilder(tokenizer, cfg)
         self.prompt = DocumentPrompt(tokenizer, cfg, self.builder.encode)
-        self.cache = _one_document_cache(tokenizer, cfg)
+        self.cache = _document_cache(tokenizer, cfg, in_flight)
         self.window = window
         self.think_end_id = self.builder.think_end_id if cfg.thinking else None
+
+    async def prepare(self, sample: QASample) -> None:
+        """The sample's document into the cache, ahead of its run (the runner's read-ahead)."""
+        await self.cache.get(sample.context, with_index=self.name == "bm25")
 
     async def run(self, policy: Policy, sample: QASample) -> MethodOutcome:
         question_ids = self.builder.encode(sample.question.strip())
@@ -178,7 +188,8 @@ class BaselineMethod:
         document = prepared.document
         queries: list[str] = []
         if self.name == "bm25":
-            hits = prepared.index.search(sample.question, self.cfg.retrieval.top_k_default)
+            index = await prepared.ready_index()
+            hits = index.search(sample.question, self.cfg.retrieval.top_k_default)
             block = self._passages([document.unit_ids(hit.unit) for hit in hits])
             queries.append(sample.question)
         else:
@@ -220,18 +231,20 @@ def cut_middle(ids: np.ndarray, room: int) -> np.ndarray:
     return np.concatenate([ids[:head], ids[len(ids) - (room - head) :]])
 
 
-def build_methods(names: Sequence[str], cfg: AgentConfig, tokenizer: Any, window: int) -> dict[str, Any]:
-    """The methods called ``names``; ``infmem3`` is InfMem with ``stop_votes=3``."""
+def build_methods(names: Sequence[str], cfg: AgentConfig, tokenizer: Any, window: int, concurrency: int = 1) -> dict[str, Any]:
+    """The methods called ``names``; ``infmem3`` is InfMem with ``stop_votes=3``. ``concurrency``:
+    the runner's, whose slots and one read-ahead sample are the documents a method holds."""
+    in_flight = concurrency + 1
     methods: dict[str, Any] = {}
     for name in names:
         if name == "infmem":
-            methods[name] = AgentMethod(name, "infmem", dataclasses.replace(cfg, stop_votes=1), tokenizer)
+            methods[name] = AgentMethod(name, "infmem", dataclasses.replace(cfg, stop_votes=1), tokenizer, in_flight)
         elif name == "infmem3":
-            methods[name] = AgentMethod(name, "infmem", dataclasses.replace(cfg, stop_votes=3), tokenizer)
+            methods[name] = AgentMethod(name, "infmem", dataclasses.replace(cfg, stop_votes=3), tokenizer, in_flight)
         elif name == "memagent":
-            methods[name] = AgentMethod(name, "memagent", cfg, tokenizer)
+            methods[name] = AgentMethod(name, "memagent", cfg, tokenizer, in_flight)
         elif name in ("full_context", "bm25"):
-            methods[name] = BaselineMethod(name, cfg, tokenizer, window)
+            methods[name] = BaselineMethod(name, cfg, tokenizer, window, in_flight)
         else:
             raise ValueError(f"methods: unknown method {name!r}; expected some of {list(METHODS)}")
     return methods

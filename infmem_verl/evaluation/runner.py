@@ -3,7 +3,10 @@
 Cells run one after another (their wall time is then a property of the cell); inside a cell up to
 ``concurrency`` samples are in flight. Samples are read from their source one at a time in a
 worker thread (building a synthetic 1M-token document or parsing a large file must not stall the
-requests in flight), and only when a slot is free, so memory holds at most ``concurrency``
+requests in flight), one sample ahead of the free slots: while every slot is busy, the next
+sample is read and its document prepared (the method's ``prepare``: tokens and chunks, the index
+behind them), so a slot that frees starts its next sample's first call at once instead of
+leaving the server idle while a document prepares. Memory holds at most ``concurrency + 1``
 documents. Every sample ends in exactly one record: ``ok`` with its scores, or ``failed`` with
 the reason (and ``error_kind``, the :class:`~infmem_verl.policy.openai.PolicyError` kind, when the
 policy failed); an exception of one sample never stops the others.
@@ -85,17 +88,14 @@ class Runner:
         try:
             items = source.items()
             while True:
-                # A slot is taken before a sample is read, so memory holds at most `concurrency`
-                # documents; the repeats of a sample share its document.
-                await slots.acquire()
+                # Read before a slot is free: one sample (and its document) ahead of the slots,
+                # so at most `concurrency + 1` documents are held; the repeats share a document.
                 try:
                     item = await asyncio.to_thread(next, items, None)
                 except Exception as err:  # an unreadable file or a missing length fails the cell only
-                    slots.release()
                     self._fail_cell(source, method, str(err) if isinstance(err, DataError) else f"{type(err).__name__}: {err}")
                     break
                 if item is None:
-                    slots.release()
                     self._cell_read(source, method)
                     break
                 self.counts.read += 1
@@ -105,14 +105,15 @@ class Runner:
                 self.counts.skipped += len(keys) - len(pending)
                 bar.update(len(keys) - len(pending))
                 if not pending or isinstance(item, LoadFailure):
-                    slots.release()
                     for key in pending:
                         self._write(key, _failed(item.reason, transient=False))
                         bar.update()
                     continue
-                for number, key in enumerate(pending):
-                    if number:
-                        await slots.acquire()
+                prefetch = asyncio.create_task(_prepare(self.methods[method], item))
+                tasks.add(prefetch)
+                prefetch.add_done_callback(tasks.discard)
+                for key in pending:
+                    await slots.acquire()
                     task = asyncio.create_task(self._sample(key, item, slots, bar))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
@@ -168,6 +169,18 @@ class Runner:
         self.counts.ran += 1
         if record["status"] != "ok":
             self.counts.failed += 1
+
+
+async def _prepare(method: Any, sample: QASample) -> None:
+    """Prepare ``sample``'s document in the method's cache ahead of its run, if the method has a
+    ``prepare``. An error is left to the run: the cache keeps no failed build, so the run builds
+    again, meets the same error and records it as the sample's."""
+    prepare = getattr(method, "prepare", None)
+    if prepare is not None:
+        try:
+            await prepare(sample)
+        except Exception:  # noqa: BLE001 (recorded by the sample's own run)
+            pass
 
 
 def _failed(reason: str, transient: bool, kind: ErrorKind | None = None) -> dict[str, Any]:
