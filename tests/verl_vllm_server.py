@@ -14,7 +14,11 @@ at a token it really emits: its generation config lists, besides ``<|im_end|>``,
 greedy decoding of the prompt (by transformers) first produces at position :data:`STOP_AT` or
 later. That is how Qwen3 itself lists a second end token (``<|endoftext|>``), and what the agent
 loop reads (``end_token_ids``).
-Writes WORK_DIR/result.json with what the server returned and the transformers log-probs of it.
+Then a trainer's weight update reaches it the way verl's rollout ``ServerAdapter`` sends one
+(:func:`push_weights`: the same architecture re-initialised from another seed, over two buckets
+split inside a layer), and the server answers the greedy call again.
+Writes WORK_DIR/result.json with what the server returned, before and after the update, and the
+transformers log-probs of it (after the update: on the new weights and on the old).
 """
 
 from __future__ import annotations
@@ -23,12 +27,17 @@ import asyncio
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
 import torch
 
 STOP_AT = 3  # the greedy token at this position (0-based) becomes an end token
+# verl's weight-sync bucket: just over the embedding (151,936 x 64 float32 = 37.1 MiB), so a sync
+# takes two buckets (see sync_order).
+BUCKET_MB = 38
+SYNC_TIMEOUT_S = 60  # a sync of this model takes 0.2-0.3 s
 PROMPT = "The river flows past the old mill and"
 
 
@@ -46,16 +55,23 @@ def token_log_probs(model, prompt_ids: list[int], tokens: list[int]) -> list[flo
     return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(tokens).unsqueeze(1)).squeeze(1).tolist()
 
 
+def random_model(source: Path, seed: int):
+    """MODEL_DIR's architecture re-initialised at initializer range 0.3 from ``seed``."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(source)
+    config.initializer_range = 0.3
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+
+
 def served_model(source: Path, work: Path) -> tuple[Path, list[int], int, list[int]]:
     """The served model (see the module docstring); the prompt ids, its extra end token, and the
     greedy tokens."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoTokenizer, GenerationConfig
 
     target = work / "model"
-    config = AutoConfig.from_pretrained(source)
-    config.initializer_range = 0.3
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    model = random_model(source, seed=0)
     tokenizer = AutoTokenizer.from_pretrained(source)
     prompt_ids = tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
     greedy = greedy_tokens(model, prompt_ids, 16)
@@ -87,8 +103,52 @@ def rollout_config(model_dir: Path):
                 f"{rollout}.n_gpus_per_node=1",
                 f"{rollout}.nnodes=1",
                 f"{rollout}.calculate_log_probs=true",
+                f"{rollout}.checkpoint_engine.update_weights_bucket_megabytes={BUCKET_MB}",
             ],
         )
+
+
+def sync_order(state: dict[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+    """``state`` in an order whose bucket boundary falls inside a layer, as it does somewhere in
+    any model larger than one bucket: layer 0's ``q_proj`` and the (tied) ``lm_head`` fill the
+    first bucket, the embedding opens the second, and layer 0's ``k_proj`` / ``v_proj``, which vLLM
+    fuses with ``q_proj`` into one ``qkv_proj``, follow in it."""
+    first = ["model.layers.0.self_attn.q_proj.weight", "lm_head.weight"]
+    return [(name, state[name]) for name in first] + [(n, t) for n, t in state.items() if n not in first]
+
+
+def push_weights(replica, weights: list[tuple[str, torch.Tensor]]) -> float:
+    """Send ``weights`` (Hugging Face names, as verl's FSDP actor exports them) to the replica's
+    vLLM server the way a trainer rank does after an update: verl's rollout ``ServerAdapter``
+    (``update_weights``: verl's bucketed sender over shared memory, on this platform, to the vLLM
+    worker's ``update_weights_from_ipc``). Returns the seconds it took."""
+    from verl.workers.rollout.vllm_rollout.vllm_rollout import ServerAdapter
+
+    os.environ.setdefault("RANK", "0")  # this process stands for trainer rank 0 of one
+    os.environ.setdefault("RAY_LOCAL_WORLD_SIZE", "1")
+    adapter = ServerAdapter(
+        config=replica.config, model_config=replica.model_config, device_mesh=None, replica_rank=replica.replica_rank
+    )
+    started = time.monotonic()
+    # In a thread, bounded: when the vLLM worker fails the sync (verl's own extension on this
+    # build), verl's sender blocks in a ZMQ receive forever, which no asyncio timeout interrupts.
+    done: list[BaseException | None] = []
+
+    def send() -> None:
+        try:
+            asyncio.run(adapter.update_weights(iter(weights), global_steps=1))
+            done.append(None)
+        except BaseException as error:
+            done.append(error)
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    sender.join(SYNC_TIMEOUT_S)
+    if not done:
+        raise TimeoutError(f"verl's weight sync got no reply from the vLLM worker in {SYNC_TIMEOUT_S} s")
+    if done[0] is not None:
+        raise done[0]
+    return time.monotonic() - started
 
 
 async def calls(client, prompt_ids: list[int], eos_ids: list[int]) -> dict:
@@ -128,20 +188,36 @@ def main(source: Path, work: Path) -> None:
         manager = LLMServerManager.create(config)
         server_s = time.monotonic() - started
         served = asyncio.run(calls(manager.get_client(), prompt_ids, eos_ids))
+        # A trainer's update: other weights (another seed), through verl's weight sync.
+        updated = random_model(source, seed=1)
+        try:
+            sync_s = push_weights(manager.rollout_replicas[0], sync_order(updated.state_dict()))
+            served_after = asyncio.run(calls(manager.get_client(), prompt_ids, eos_ids))["ended"]
+            sync_error = None
+        except Exception as error:  # reported to the sync test; the server checks above still stand
+            sync_s, served_after, sync_error = None, None, f"{type(error).__name__}: {error}"
     finally:
         ray.shutdown()
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     for call in served.values():
         call["reference_log_probs"] = token_log_probs(model, prompt_ids, call["token_ids"])
+    after = {"error": sync_error, "call": served_after, "greedy": greedy_tokens(updated, prompt_ids, 16)}
+    if served_after is not None:
+        served_after["reference_log_probs"] = token_log_probs(updated, prompt_ids, served_after["token_ids"])
+        served_after["old_weights_log_probs"] = token_log_probs(model, prompt_ids, served_after["token_ids"])
     result = {
         "stop_token": stop,
         "greedy": greedy,
         "eos_ids": eos_ids,
         "calls": served,
-        "seconds": {"ray_up": ray_s, "server_up": server_s, "total": time.monotonic() - started},
+        "after_sync": after,
+        "seconds": {"ray_up": ray_s, "server_up": server_s, "sync": sync_s, "total": time.monotonic() - started},
     }
     (work / "result.json").write_text(json.dumps(result))
     print(json.dumps(result["seconds"]))
+    if sync_error is not None:
+        sys.stdout.flush()
+        os._exit(0)  # a timed-out sender thread still blocks in ZMQ, which a normal exit waits for
 
 
 if __name__ == "__main__":

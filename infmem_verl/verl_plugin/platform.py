@@ -6,7 +6,9 @@ environment). It ships NVIDIA, Ascend and ROCm platforms and lets plugins regist
 (``PlatformRegistry.register``); this module registers one for CPUs, so verl's own training
 workers (the FSDP2 engine over a gloo process group; :mod:`.cpu_engine` registers the engines)
 and its vLLM server (on vLLM's CPU build) run unchanged on a machine without a GPU. verl's RL
-weight sync into vLLM's CPU build does not (infmem_verl/cpu/README.md says why).
+weight sync into vLLM's CPU build needs one worker-extension method of its own
+(:mod:`.vllm_cpu_rollout` says why), which the ``vllm`` replica gets on this platform
+(:mod:`.vllm_cpu_replica`).
 
 * **Ranks are Ray ``GPU`` slots.** verl places every trainer rank on one unit of the resource the
   platform names, and its resource check counts Ray's ``GPU`` resource by that name; on CPU those
