@@ -5,7 +5,7 @@ The warm-up (:mod:`infmem_verl.cpu.warmup`) runs the real ``python -m infmem_ver
 student on held-out documents with the agent core, and caches the model with its report. Two
 sizes: the ``warm_model`` fixture of conftest.py (4 distilled trajectories, 3 SFT steps) proves
 the chain, and GRPO from its SFT output, in console mode, is the learning run of
-tests/test_cpu_training_runs.py; a longer one (64 trajectories, 300 steps, about 3 minutes)
+tests/test_cpu_training_runs.py; a longer one (64 trajectories, 300 steps, about 4 minutes)
 proves the student learns the protocol, against a threshold it reaches.
 """
 
@@ -53,9 +53,14 @@ def test_the_check_samples_at_the_warm_ups_own_settings_whatever_the_launch_samp
 
 
 # Between the suite's chain check and `make demo` (128 trajectories, 500 steps of batch 8: 95-99%
-# of PreThink actions, 94-98% of Writes valid). On 8 held-out documents two builds measured 68% /
-# 96% and 70% / 76% (the check's batching follows the rollouts' timing, so its samples differ from
-# run to run); 16 documents halve that spread's variance. About 3.5 min alone on 2 cores.
+# of PreThink actions, 94-98% of Writes valid). Checked greedily (check_temperature=0): a seeded
+# check is reproducible (TransformersPolicy seeds each call by its prompt), and greedy decoding
+# takes the sampling noise out, so what varies is the build. Spread measured over three builds
+# (warm-up seeds 100, 101, 102, 2026-12-03, docs/experiments/2026-12-03-demo-student.md): PreThink
+# valid 80 / 93 / 88% (mean 87, sd 7), Writes valid 100 / 86 / 97% (mean 94, sd 7); the thresholds
+# sit at mean - 2 sd. At the demo's 0.6 the same builds read 60 / 92 / 66% and 98 / 91 / 86%
+# (a CI build read 45%), too wide a spread for a threshold that catches a regression. About 4 min
+# alone on 2 cores.
 WARMUP_CHECKED = [
     "infmem.warmup.hidden_size=128",
     "infmem.warmup.lr=1.0e-2",
@@ -63,6 +68,7 @@ WARMUP_CHECKED = [
     "infmem.warmup.sft_steps=300",
     "infmem.warmup.batch_size=4",
     "infmem.warmup.heldout_samples=16",
+    "infmem.warmup.check_temperature=0",
     "infmem.warmup.min_valid=0.5",  # the warm-up itself refuses a student under it
 ]
 
@@ -74,7 +80,7 @@ def test_a_longer_warm_up_follows_the_protocol_on_held_out_documents(tmp_path):
     assert len(losses) == 300 and sum(losses[-20:]) / 20 < 0.25 * sum(losses[:20]) / 20
     heldout = report.heldout
     assert heldout.samples == 16
-    assert heldout.prethink_valid >= 0.5 and heldout.write_valid >= 0.6, heldout
+    assert heldout.prethink_valid >= 0.73 and heldout.write_valid >= 0.8, heldout
     # A student that follows the protocol uses it: it retrieves, and it reads fewer chunks than there are.
     assert heldout.retrieval_calls > 0 and heldout.chunks_read < 4
 
