@@ -264,6 +264,7 @@ def test_every_sft_recipe_composes_and_validates(recipe, distilled):
         assert config.optim.lr == 1e-5 and config.trainer.total_epochs == 1 and config.optim.clip_grad == 0.2
         assert prepared.tokenizer_check.startswith("not checked")  # a hub name, not a local folder
     assert "hf_model" in config.checkpoint.save_contents, "the RL recipes load the Hugging Face copy"
+    assert config.engine.strategy == "fsdp2", "the strategy tests/test_verl_cpu_sft.py runs on verl's workers"
 
 
 def test_bad_sft_configs_name_the_key(tokenizer, distilled, tmp_path):
@@ -272,6 +273,7 @@ def test_bad_sft_configs_name_the_key(tokenizer, distilled, tmp_path):
     cases = [
         (["+recipe=sft_4b"], 0, "sft.backend: recipe sft_4b needs GPUs"),
         (["+recipe=sft_smoke", "sft.backend=tpu"], 0, "sft.backend: expected one of"),
+        (["+recipe=sft_smoke", "sft.backend=verl-cpu", "engine.strategy=fsdp"], 0, "engine.strategy: .*needs fsdp2"),
         (["+recipe=sft_smoke", "data.max_length=64"], 0, "data.max_length: 64 is less than the longest sample"),
         (["+recipe=sft_smoke", "data.train_batch_size=100000"], 0, "data.train_batch_size"),
         (["+recipe=sft_smoke", f"data.train_files={tmp_path / 'missing.parquet'}"], 0, "data.train_files: .* not found"),

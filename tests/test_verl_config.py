@@ -74,7 +74,8 @@ def test_infmem_4b_follows_the_reference_hyperparameters():
         0.7,
     )
     assert config.actor_rollout_ref.model.enable_gradient_checkpointing and actor.use_dynamic_bsz
-    # FSDP2 for actor and reference: the strategy tests/test_verl_cpu_backend.py trains with.
+    # FSDP2 for actor and reference: the strategy verl's workers run with on CPU (tests/verl_cpu_rl.py;
+    # FSDP1 cannot run there).
     assert actor.strategy == config.actor_rollout_ref.ref.strategy == "fsdp2"
     # Not the reference's offload: a 4B model's FSDP-8 state fits (infmem_4b.yaml gives the counts).
     assert not actor.fsdp_config.param_offload and not actor.fsdp_config.optimizer_offload

@@ -25,6 +25,10 @@ from infmem_verl.agent.errors import ConfigError
 from infmem_verl.settings import read_settings
 
 BACKENDS = ("auto", "cpu", "gpu")
+# verl's own FSDP workers on gloo ranks of this CPU (the ``cpu`` platform of
+# infmem_verl/verl_plugin/platform.py): the code a GPU run executes, at a CPU's speed. Named, never
+# picked by ``auto``; only the SFT launcher offers it so far.
+VERL_CPU = "verl-cpu"
 CPU_TRAINER_MODE = "infmem_cpu"
 # Ray CPUs are logical: the pipeline's actors (task runner, TransferQueue controller and storage,
 # agent-loop and reward workers, the generation actor, the load balancer) each reserve one, and
@@ -117,25 +121,33 @@ def cluster_summary() -> str:
 class BackendChoice(NamedTuple):
     """What :func:`choose_backend` decided."""
 
-    requested: str  # the setting: "auto" | "cpu" | "gpu"
-    name: str  # the backend: "cpu" | "gpu"
+    requested: str  # the setting: "auto" | "cpu" | "gpu" | a further name such as VERL_CPU
+    name: str  # the backend: "cpu" | "gpu" | that further name
     gpus: int
 
 
 def choose_backend(
-    config: DictConfig, key: str, gpus: int | None, no_gpu_message: Callable[[], str], dry_run: bool = False
+    config: DictConfig,
+    key: str,
+    gpus: int | None,
+    no_gpu_message: Callable[[], str],
+    dry_run: bool = False,
+    names: tuple[str, ...] = BACKENDS,
 ) -> BackendChoice:
-    """The backend the ``auto`` / ``cpu`` / ``gpu`` setting at ``key`` picks on a machine with ``gpus``
-    GPUs (None: the visible ones): ``auto`` takes the GPUs when there are any.
+    """The backend the setting at ``key`` (one of ``names``) picks on a machine with ``gpus`` GPUs
+    (None: the visible ones): ``auto`` takes the GPUs when there are any; a name beyond ``auto`` /
+    ``cpu`` / ``gpu`` (:data:`VERL_CPU`) picks itself.
 
     ``gpu`` without a GPU is a :class:`ConfigError` ``"{key}: {no_gpu_message()}"`` (a callable:
     the message may read keys only that failure needs), except in a dry run, which validates a
     recipe on any machine (a login node has no GPU).
     """
     requested = OmegaConf.select(config, key, default="auto")
-    if requested not in BACKENDS:
-        raise ConfigError(f"{key}: expected one of {list(BACKENDS)}, got {requested!r}")
+    if requested not in names:
+        raise ConfigError(f"{key}: expected one of {list(names)}, got {requested!r}")
     gpus = visible_gpus() if gpus is None else gpus
+    if requested not in BACKENDS:
+        return BackendChoice(requested, requested, gpus)
     if requested == "gpu" and gpus == 0 and not dry_run:
         raise ConfigError(f"{key}: {no_gpu_message()}")
     name = "gpu" if requested == "gpu" or (requested == "auto" and gpus > 0) else "cpu"

@@ -2,6 +2,8 @@
 
     torchrun --standalone --nproc_per_node=8 -m infmem_verl.sft +recipe=sft_4b [key=value ...]
     python -m infmem_verl.sft +recipe=sft_smoke                  # CPU: tiny model, a few steps
+    python -m infmem_verl.sft +recipe=sft_smoke sft.backend=verl-cpu trainer.n_gpus_per_node=2
+                                                                  # verl's own trainer on 2 gloo ranks
     python -m infmem_verl.sft +recipe=sft_4b dry_run=true        # compose + validate, start nothing
 
 A sibling of ``python -m infmem_verl.main`` rather than a recipe of it: the SFT trainer is a
@@ -14,7 +16,12 @@ workers, or never: the files exist and hold token columns, the longest sample fi
 ``data.max_length``, the batch is not larger than the data, the model's chat template is the
 one the samples were built with, the dataset class imports and the optimizer settings are
 valid. Then verl's ``run_sft`` runs on GPUs; without one, the CPU loop of
-:mod:`infmem_verl.sft.cpu`.
+:mod:`infmem_verl.sft.cpu`. ``sft.backend=verl-cpu`` runs what a GPU run executes on this CPU
+instead: verl's Ray SFT trainer (``verl.trainer.sft_trainer_ray``, the same ``TrainingWorker`` and
+FSDP2 engine as ``run_sft``, placed by Ray rather than torchrun) on ``trainer.n_gpus_per_node``
+gloo ranks through the ``cpu`` platform (:mod:`infmem_verl.verl_plugin.platform`). verl's torchrun
+trainer cannot take that platform: its process-group set-up does not skip the gloo group the
+platform creates (docs/experiments/2026-12-03-verl-cpu.md).
 """
 
 from __future__ import annotations
@@ -25,12 +32,12 @@ from pathlib import Path
 
 import hydra
 import pyarrow.parquet as pq
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from infmem_verl import conf_dir
 from infmem_verl.agent.errors import ConfigError
 from infmem_verl.cli import exit_on_input_error
-from infmem_verl.cpu.backend import choose_backend
+from infmem_verl.cpu.backend import BACKENDS, VERL_CPU, choose_backend
 
 from .samples import TOKEN_COLUMNS, TokenizerStamp, check_columns, longest_sample, read_stamp
 
@@ -63,6 +70,10 @@ def prepare_sft_config(config: DictConfig, gpus: int | None = None) -> PreparedS
     """Validate ``config`` (setting ``model.path`` to the tiny model when ``sft.tiny_model``) and
     say what it derives (backend, samples, optimizer steps); ConfigError names the key."""
     backend = select_backend(config, gpus)
+    if backend == VERL_CPU and config.engine.strategy != "fsdp2":
+        raise ConfigError(
+            f"engine.strategy: sft.backend={VERL_CPU} needs fsdp2 (FSDP1 cannot run on a CPU), got {config.engine.strategy!r}"
+        )
     if config.sft.tiny_model:
         from infmem_verl.assets import tiny_qwen3_dir
 
@@ -123,6 +134,7 @@ def select_backend(config: DictConfig, gpus: int | None = None) -> str:
         lambda: f"recipe {config.recipe_name} needs GPUs and none is visible; "
         "on this machine run `python -m infmem_verl.sft +recipe=sft_smoke`",
         dry_run=bool(config.dry_run),
+        names=(*BACKENDS, VERL_CPU),
     ).name
 
 
@@ -201,6 +213,8 @@ def run(config: DictConfig):
         from .cpu import train_on_cpu
 
         return train_on_cpu(config, prepared.steps)
+    if prepared.backend == VERL_CPU:
+        return train_on_verl_cpu(config)
     if "RANK" not in os.environ:
         raise ConfigError(
             "launch: verl's SFT trainer runs under torchrun: "
@@ -212,6 +226,29 @@ def run(config: DictConfig):
     auto_set_device(config)
     run_sft(config)
     return prepared
+
+
+def train_on_verl_cpu(config: DictConfig):
+    """verl's Ray SFT trainer on ``trainer.n_gpus_per_node`` gloo ranks of this CPU; returns it
+    trained, its workers alive in this process's Ray session (a caller may ask them for their
+    state; Ray stops with the process).
+
+    What a CPU needs of the config is set here, not in a recipe: the device, and sdpa attention
+    (flash-attention is CUDA-only). The strategy is the recipes' own, ``fsdp2``
+    (:func:`prepare_sft_config` refuses FSDP1, which torch cannot run on a CPU: it refuses
+    ``sync_module_states`` there).
+    """
+    from infmem_verl.verl_plugin.platform import start_ray
+
+    with open_dict(config):
+        config.trainer.device = "cpu"
+        config.model.override_config.setdefault("attn_implementation", "sdpa")
+    start_ray(int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes))
+    from verl.trainer.sft_trainer_ray import SFTTrainer
+
+    trainer = SFTTrainer(config=config)
+    trainer.fit()
+    return trainer
 
 
 @hydra.main(config_path=str(conf_dir() / "sft"), config_name="sft_trainer", version_base=None)
