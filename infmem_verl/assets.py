@@ -45,38 +45,30 @@ QWEN3_VOCAB = 151936  # rows of Qwen3's embedding (its tokenizer has 151,669 tok
 
 
 def tiny_qwen3_dir(
-    cache_dir: Path | None = None, hidden_size: int = 64, seed: int = 0, tokenizer_dir: Path | None = None, layers: int = 2
+    cache_dir: Path | None = None,
+    hidden_size: int = 64,
+    seed: int = 0,
+    tokenizer_dir: Path | None = None,
+    layers: int = 2,
+    heads: int = 4,
 ) -> Path:
     """Build (once) and return the folder of a tiny random Qwen3: Qwen3's real tokenizer, or the
     one at ``tokenizer_dir`` (the small-vocabulary stand-in, :mod:`infmem_verl.small_vocab`).
 
-    ``layers`` layers, head_dim 32 (the CPU build of vLLM rejects smaller heads), tied embeddings
-    over the tokenizer's vocabulary rounded up to a multiple of 64 (:data:`QWEN3_VOCAB` for
-    Qwen3's tokenizer); about 40 MB on disk with Qwen3's vocabulary at hidden 64.
+    Its shape is :func:`tiny_qwen3_config`'s; about 40 MB on disk with Qwen3's vocabulary at
+    hidden 64.
     """
     tokens = "" if tokenizer_dir is None else f"-{Path(tokenizer_dir).name}"
     depth = "" if layers == 2 else f"-l{layers}"
-    out = (cache_dir or cache_root()) / f"tiny-qwen3-h{hidden_size}{depth}-s{seed}{tokens}"
+    width = "" if heads == 4 else f"-a{heads}"
+    out = (cache_dir or cache_root()) / f"tiny-qwen3-h{hidden_size}{depth}{width}-s{seed}{tokens}"
     if (out / "config.json").exists() and any(out.glob("*.safetensors")):
         return out
     import torch
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    from transformers import AutoModelForCausalLM
 
     tok = load_tokenizer(None if tokenizer_dir is None else str(tokenizer_dir))
-    config = Qwen3Config(
-        vocab_size=QWEN3_VOCAB if tokenizer_dir is None else -(-len(tok) // 64) * 64,
-        hidden_size=hidden_size,
-        intermediate_size=hidden_size * 2,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=40960,
-        tie_word_embeddings=True,
-        bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
-        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
-        pad_token_id=tok.pad_token_id,
-    )
+    config = tiny_qwen3_config(tok, hidden_size, layers, heads, qwen3_vocab=tokenizer_dir is None)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
@@ -84,6 +76,29 @@ def tiny_qwen3_dir(
     tok.save_pretrained(tmp)
     tmp.rename(out) if not out.exists() else None
     return out
+
+
+def tiny_qwen3_config(tok, hidden_size: int, layers: int, heads: int = 4, qwen3_vocab: bool = False):
+    """The tiny Qwen3's shape: ``layers`` layers of ``heads`` query heads (half as many key/value
+    heads) of head_dim 32 (the CPU build of vLLM rejects smaller heads), MLP width twice the
+    hidden size, tied embeddings over ``tok``'s vocabulary rounded up to a multiple of 64
+    (:data:`QWEN3_VOCAB` with ``qwen3_vocab``)."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=QWEN3_VOCAB if qwen3_vocab else -(-len(tok) // 64) * 64,
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 2),
+        head_dim=32,
+        max_position_embeddings=40960,
+        tie_word_embeddings=True,
+        bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
+        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tok.pad_token_id,
+    )
 
 
 @functools.lru_cache(maxsize=1)

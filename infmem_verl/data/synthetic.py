@@ -134,15 +134,35 @@ def make_dataset(n: int, target_tokens: int, tokenizer, seed: int = 0) -> list[Q
     return [make_sample(i, target_tokens, tokenizer, seed) for i in range(n)]
 
 
+@dataclass(frozen=True)
+class Chain:
+    """One two-hop chain without its haystack: what the memory of a perfect reader holds."""
+
+    template: str
+    question: str
+    facts: tuple[str, str]
+    bridge: str
+    answer: str
+
+
+def chain(index: int, seed: int = 0) -> Chain:
+    """Chain ``index`` of the haystack-free set ``seed``, drawn as the samples draw theirs (an
+    unlimited supply of distinct questions for tokenizer text and copy probes, bench/copy_probe.py)."""
+    _check_int(index, "index", 0)
+    _check_int(seed, "seed", None)
+    rng = random.Random(f"infmem-synthetic-text:{seed}:{index}")
+    template = rng.choice(_TEMPLATES)
+    names = _draw_names(rng, template.kinds)
+    return Chain(template.name, template.question.format(x=names[0]), _render_facts(template, names), names[1], names[2])
+
+
 def task_texts(n: int, seed: int = 0) -> Iterator[str]:
-    """The facts and question of ``n`` chains drawn as the samples draw them, without the
-    haystack (text to train a tokenizer on: the invented names' syllables and the templates)."""
+    """The facts and question of ``n`` chains (:func:`chain`), without the haystack (text to
+    train a tokenizer on: the invented names' syllables and the templates)."""
     _check_int(n, "n", 0)
     for index in range(n):
-        rng = random.Random(f"infmem-synthetic-text:{seed}:{index}")
-        template = rng.choice(_TEMPLATES)
-        names = _draw_names(rng, template.kinds)
-        yield " ".join((*_render_facts(template, names), template.question.format(x=names[0]), names[2]))
+        item = chain(index, seed)
+        yield " ".join((*item.facts, item.question, item.answer))
 
 
 def _check_int(value: object, name: str, minimum: int | None) -> None:

@@ -1,0 +1,287 @@
+"""The answer call's copy, alone: does a tiny student learn to read the answer off its memory?
+
+    python -m bench.copy_probe                          # fresh chains in every batch (default)
+    python -m bench.copy_probe --pool 256               # a fixed pool of 256 chains, repeated
+    python -m bench.copy_probe --heads 8 --lr 3e-3 --steps 800 --eval-every 100
+
+The demo's warmed students follow the protocol but copy no fact (issue 30). This bench isolates
+the smallest copy the task asks for: the final answer call, whose prompt holds the question and a
+memory of the chain's two fact sentences (what the oracle's Writes leave there) and whose target
+is the oracle's ``<think>\\nChecking.\\n</think>\\n\\n\\boxed{<answer>}``. Samples are built by
+the agent core's own :class:`~infmem_verl.agent.protocol.PromptBuilder` under the demo recipe's
+protocol, from haystack-free chains (:func:`infmem_verl.data.synthetic.chain`), so they are the
+distilled answer samples without the distillation (tests/test_copy_probe.py checks they are
+token for token the same) and an unlimited supply of distinct questions costs nothing.
+
+With ``--pool 0`` every batch draws chains never seen before, so memorising a question's answer
+cannot lower the loss: only reading it off the memory does. The held-out chains come from another
+seed. Printed every ``--eval-every`` steps: the training loss (answer tokens), the held-out share
+of answers whose greedy decoding is the oracle's response token for token (``exact``), and the
+held-out sub-EM of the parsed greedy answer (the metric issue 30's target is stated in), with
+CPU-seconds (``time.process_time``) and the load average, since the machine may be shared.
+
+Levers (issue 30's order of cost): ``--heads`` / ``--hidden`` / ``--layers`` (the copy needs an
+induction-style circuit), ``--lr``, ``--space`` (the answer written ``\\boxed{ Name}`` so its
+tokens are the memory's: without the space Qwen3's pre-tokenizer splits the name differently
+from the same name after a space in the fact sentence).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from infmem_verl.agent.protocol import PromptBuilder, parse_answer
+from infmem_verl.data.synthetic import Chain, chain
+from infmem_verl.policy.scripted import ORACLE_THINK
+from infmem_verl.reward.metrics import sub_em
+
+# Held-out chains are drawn from this seed; training chains from --seed (0 is the tokenizer's
+# own training text, so the default training seed is 1).
+HELDOUT_SEED = 7919
+
+
+@dataclass
+class ProbeConfig:
+    """One probe run (see ``--help``)."""
+
+    vocab_size: int = 4096  # 0: Qwen3's own vocabulary
+    hidden_size: int = 128
+    layers: int = 2
+    heads: int = 4
+    lr: float = 3e-3
+    warmup_ratio: float = 0.05
+    clip_grad: float = 1.0
+    batch_size: int = 16
+    steps: int = 400
+    eval_every: int = 50
+    heldout: int = 64
+    pool: int = 0  # 0: fresh chains in every batch; N: a fixed pool of N chains, reshuffled
+    space: bool = False  # \boxed{ Name}: the answer's tokens as in the memory
+    recipe: str = "demo"
+    seed: int = 1
+    model_seed: int = 0
+
+
+@dataclass
+class ProbePoint:
+    """The figures at one evaluation."""
+
+    step: int
+    train_loss: float
+    exact: float
+    sub_em: float
+    cpu_s: float
+    load: float
+
+
+@dataclass
+class ProbeResult:
+    config: ProbeConfig
+    points: list[ProbePoint] = field(default_factory=list)
+    prompt_tokens: float = 0.0  # mean answer-prompt length
+    chains_seen: int = 0  # distinct training chains
+
+    def best_sub_em(self) -> float:
+        return max((p.sub_em for p in self.points), default=0.0)
+
+
+class AnswerSamples:
+    """The answer call's (prompt ids, response ids) for haystack-free chains, under one protocol."""
+
+    def __init__(self, tokenizer, recipe: str = "demo", space: bool = False):
+        from infmem_verl.distill import recipe_agent
+
+        _, self.agent_cfg = recipe_agent(recipe, [])
+        self.builder = PromptBuilder(tokenizer, self.agent_cfg)
+        self.end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.space = space
+
+    def memory(self, item: Chain) -> np.ndarray:
+        """The memory the oracle's Writes leave once both facts are read (the Write's text after
+        its thinking, stripped, capped at the recipe's memory_tokens)."""
+        return self.builder.encode(" ".join(item.facts))[: self.agent_cfg.memory_tokens]
+
+    def prompt(self, item: Chain) -> np.ndarray:
+        return self.builder.answer(self.builder.encode(item.question), self.memory(item)).ids
+
+    def response(self, item: Chain) -> np.ndarray:
+        name = f" {item.answer}" if self.space else item.answer
+        return np.append(self.builder.encode(ORACLE_THINK + f"\\boxed{{{name}}}"), self.end_id).astype(np.int32)
+
+
+def build_model(tokenizer, cfg: ProbeConfig) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    from infmem_verl.assets import tiny_qwen3_config
+
+    config = tiny_qwen3_config(tokenizer, cfg.hidden_size, cfg.layers, cfg.heads, qwen3_vocab=not cfg.vocab_size)
+    torch.manual_seed(cfg.model_seed)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def _batch(pairs: Sequence[tuple[np.ndarray, np.ndarray]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids and the mask of positions whose next token is a response token."""
+    width = max(len(p) + len(r) for p, r in pairs)
+    ids = torch.full((len(pairs), width), pad_id, dtype=torch.long)
+    trained = torch.zeros((len(pairs), width), dtype=torch.bool)
+    for row, (prompt, response) in enumerate(pairs):
+        ids[row, : len(prompt) + len(response)] = torch.from_numpy(np.concatenate([prompt, response]).astype(np.int64))
+        trained[row, len(prompt) - 1 : len(prompt) + len(response) - 1] = True
+    return ids, trained
+
+
+def response_logits(model, ids: torch.Tensor, trained: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits at the trained positions only (causal attention: right padding is never seen)."""
+    hidden = model.get_decoder()(input_ids=ids).last_hidden_state
+    rows, cols = trained.nonzero(as_tuple=True)
+    return model.get_output_embeddings()(hidden[rows, cols]).float(), ids[rows, cols + 1]
+
+
+def greedy_answers(model, samples: AnswerSamples, items: Sequence[Chain], max_tokens: int = 48) -> list[str | None]:
+    """Parsed greedy answers of the answer call (left-padded batch generation)."""
+    tok = samples.builder.tokenizer
+    prompts = [samples.prompt(item) for item in items]
+    width = max(len(p) for p in prompts)
+    pad = tok.pad_token_id
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.from_numpy(prompt.astype(np.int64))
+        mask[row, width - len(prompt) :] = 1
+    model.eval()
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=max_tokens, do_sample=False,
+            eos_token_id=samples.end_id, pad_token_id=pad,
+        )  # fmt: skip
+    model.train()
+    answers = []
+    for row in out[:, width:].tolist():
+        text = samples.builder.decode(row)
+        split = text.split("</think>", 1)
+        answers.append(parse_answer(split[1], samples.agent_cfg.answer_format) if len(split) == 2 else None)
+    return answers
+
+
+def exact_share(model, samples: AnswerSamples, items: Sequence[Chain], pad_id: int) -> float:
+    """Share of ``items`` whose every response token is the argmax after the oracle's prefix
+    (so greedy decoding reproduces the oracle's response exactly)."""
+    pairs = [(samples.prompt(i), samples.response(i)) for i in items]
+    ids, trained = _batch(pairs, pad_id)
+    model.eval()
+    with torch.no_grad():
+        logits, targets = response_logits(model, ids, trained)
+    model.train()
+    hit = (logits.argmax(-1) == targets).tolist()
+    out, start = 0, 0
+    for _, response in pairs:
+        out += all(hit[start : start + len(response)])
+        start += len(response)
+    return out / len(pairs)
+
+
+def run_probe(cfg: ProbeConfig, say=print) -> ProbeResult:
+    from infmem_verl.assets import load_tokenizer
+    from infmem_verl.small_vocab import small_vocab_dir
+
+    tokenizer = load_tokenizer(str(small_vocab_dir(cfg.vocab_size)) if cfg.vocab_size else None)
+    samples = AnswerSamples(tokenizer, cfg.recipe, cfg.space)
+    model = build_model(tokenizer, cfg)
+    pad_id = tokenizer.pad_token_id
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    warm = max(1, int(cfg.steps * cfg.warmup_ratio))
+
+    def lr_at(step: int) -> float:  # verl's SFT schedule: linear warm-up, cosine to a tenth
+        if step < warm:
+            return (step + 1) / warm
+        progress = (step - warm) / max(1, cfg.steps - warm)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
+    heldout = [chain(i, HELDOUT_SEED) for i in range(cfg.heldout)]
+    rng = random.Random(cfg.seed)
+    order: list[int] = []
+    result = ProbeResult(cfg, prompt_tokens=float(np.mean([len(samples.prompt(i)) for i in heldout])))
+    next_index = 0
+    losses: list[float] = []
+    started = time.process_time()
+    say(f"[copy-probe] {json.dumps(dataclasses.asdict(cfg))}; answer prompt {result.prompt_tokens:.0f} tokens")
+    for step in range(1, cfg.steps + 1):
+        if cfg.pool:
+            if not order:
+                order = list(range(cfg.pool))
+                rng.shuffle(order)
+            indices, order = order[: cfg.batch_size], order[cfg.batch_size :]
+        else:
+            indices = list(range(next_index, next_index + cfg.batch_size))
+            next_index += cfg.batch_size
+        items = [chain(i, cfg.seed) for i in indices]
+        ids, trained = _batch([(samples.prompt(i), samples.response(i)) for i in items], pad_id)
+        logits, targets = response_logits(model, ids, trained)
+        loss = torch.nn.functional.cross_entropy(logits, targets)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
+        optimizer.step()
+        scheduler.step()
+        losses.append(float(loss.detach()))
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            answers = greedy_answers(model, samples, heldout)
+            point = ProbePoint(
+                step=step,
+                train_loss=float(np.mean(losses[-cfg.eval_every :])),
+                exact=exact_share(model, samples, heldout, pad_id),
+                sub_em=float(np.mean([sub_em(a, [i.answer]) for a, i in zip(answers, heldout)])),
+                cpu_s=time.process_time() - started,
+                load=os.getloadavg()[0],
+            )
+            result.points.append(point)
+            say(
+                f"[copy-probe] step {step:>5} | loss {point.train_loss:.3f} | held out exact {point.exact:.1%} "
+                f"sub-EM {point.sub_em:.1%} | cpu {point.cpu_s:.0f} s | load {point.load:.1f}"
+            )
+    result.chains_seen = cfg.pool or next_index
+    return result
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[ProbeConfig, str | None]:
+    """The run's settings and the file to append its result to (``--json``), if any."""
+    defaults = ProbeConfig()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for name, value in dataclasses.asdict(defaults).items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            parser.add_argument(flag, action="store_true", help=f"default {value}")
+        else:
+            parser.add_argument(flag, type=type(value), default=value, help=f"default {value}")
+    parser.add_argument("--json", help="append the result as one JSON line to this file")
+    args = vars(parser.parse_args(argv))
+    out = args.pop("json")
+    return ProbeConfig(**args), out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    cfg, out = parse_args(argv)
+    torch.set_num_threads(int(os.environ.get("PROBE_THREADS", "2")))
+    result = run_probe(cfg)
+    print(f"[copy-probe] best held-out sub-EM {result.best_sub_em():.1%} over {result.chains_seen} training chains")
+    if out:
+        with open(out, "a", encoding="utf-8") as file:
+            file.write(json.dumps(dataclasses.asdict(result)) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
