@@ -3,28 +3,33 @@
 
     VERL_PLATFORM=cpu PYTHONPATH=. .venv-vllm/bin/python tests/verl_cpu_rl.py WORK_DIR [STEPS] [OVERRIDES ...]
 
-Not in the suite (no test calls it yet): two steps took 6 min 18 s from start to exit on 2 shared
-cores (steps of 141 and 128 s, ~100 s of them verl's FSDP update), one step 4 min 5 s on quiet
-cores, over or at the suite's budget of 5 minutes for one launch once other tests share the cores
-(docs/experiments/2026-12-03-verl-cpu.md, "2026-12-03 evening", has the figures). It is the
-launch a suite test of issue 28 would make; each step line reports the measured optimizer-step
-count (``infmem/optimizer_steps``), the sync time and the rollout-vs-trainer gap, also written
-to WORK_DIR/records/steps.jsonl.
+Driven by tests/test_verl_cpu_rl.py (2 steps, with checkpoints and a reward that varies). Each
+step line reports the measured optimizer-step count (``infmem/optimizer_steps``), the sync time
+and the rollout-vs-trainer gap, also written to WORK_DIR/records/steps.jsonl.
 
 The path is a GPU run's, through verl's hooks only: ``infmem_verl.main.run`` on ``+recipe=smoke``
 with ``infmem.backend=gpu`` and two ranks, on the ``cpu`` platform (ranks are the two logical Ray
 GPU slots ``ray.init(num_gpus=2)`` creates; verl_plugin/platform.py), trainer mode ``infmem_sync``,
 our agent loop and reward manager. What differs from a GPU run, and why:
 
-* the model is the tiny Qwen3 over the 4,096-token small vocabulary (hidden 64, 2 layers): with
-  Qwen3's 151,936 tokens the logits of every position dominate the cost;
+* the model is the tiny Qwen3 over the 4,096-token small vocabulary (hidden 64, 2 layers; with
+  Qwen3's 151,936 tokens the logits of every position dominate the cost), re-initialised at
+  initializer range 0.3 (WORK_DIR/model): at the default 0.02 its next-token distribution is near
+  uniform (log-perplexity 8.31 against ln 4096 = 8.32), so no log-prob check could tell one set of
+  weights from another;
 * no KL loss (``actor.use_kl_loss=false``): verl pins a forward-only FSDP2 model's host memory,
   which needs an accelerator, so the reference model cannot run on CPU;
-* sdpa attention and no padding removal (flash-attention is CUDA-only);
+* sdpa attention, no padding removal, one row per micro-batch (``use_dynamic_bsz=false`` for the
+  update and the old log-probs, ``ppo_micro_batch_size_per_gpu=1``): flash-attention is
+  CUDA-only, and sdpa on CPU computes a padded micro-batch's whole ``rows x longest^2`` masked
+  attention (or, with padding removal, the packed length squared), but only the causal half of
+  one unpadded row: one row at a time cut the update from 35 to 9 s and the old log-probs from
+  19 to 2.3 s (docs/experiments/2026-12-04-verl-cpu-rl.md);
 * the rollout in float32, eager, without sleep mode (vLLM's CPU build has no sleep mode);
-* ``use_torch_compile=false`` for actor and reference: verl compiles its log-prob/entropy
-  functions by default, and inductor's C++ compile on CPU cost ~25 s of old-log-prob time and
-  ~20 s of update time in the first step (measured 47 -> 21 s and 117 -> 99 s);
+* ``actor.fsdp_config.use_torch_compile=false``: the engine's switch for verl's compiled
+  log-prob/entropy functions (``actor.use_torch_compile`` does not reach the v1 engine);
+* Ray's workers at the driver's priority (``RAY_worker_niceness=0``; Ray's default starts them 15
+  nice levels below it, so beside any other busy process, such as other tests, they starve);
 * 4,000-token documents (``infmem.bootstrap.doc_tokens``) written to WORK_DIR, checkpoints and
   records there too.
 OVERRIDES are appended (Hydra syntax).
@@ -37,7 +42,35 @@ import sys
 import time
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[1]
 ROLLOUT = "actor_rollout_ref.rollout"
+
+
+def answer_length_on_even_samples(record) -> float:
+    """A test reward component (``infmem.reward.components``) that gives the random model's GRPO
+    groups both kinds of advantage: on samples of even ``extra_info.index``, the final response's
+    length in characters / 100 (sampled responses differ, so the group's advantages are non-zero);
+    on odd ones 0 for every member (the group's advantages are exactly zero). The built-in
+    components give a random model 0 everywhere, hence no gradient at all."""
+    if int(record.extra_info.get("index", 1)) % 2:
+        return 0.0
+    return len(record.solution_str) / 100
+
+
+def non_uniform_model(work: Path) -> Path:
+    """The tiny small-vocabulary Qwen3 re-initialised at initializer range 0.3 (the server test's
+    ``random_model``), saved with its tokenizer to WORK_DIR/model (see the module docstring)."""
+    from transformers import AutoTokenizer
+    from verl_vllm_server import random_model
+
+    from infmem_verl.assets import tiny_qwen3_dir
+    from infmem_verl.small_vocab import small_vocab_dir
+
+    source = tiny_qwen3_dir(tokenizer_dir=small_vocab_dir(4096))
+    target = work / "model"
+    random_model(source, seed=0).save_pretrained(target)
+    AutoTokenizer.from_pretrained(source).save_pretrained(target)
+    return target
 
 
 def overrides(work: Path, model: Path, steps: int) -> list[str]:
@@ -57,8 +90,11 @@ def overrides(work: Path, model: Path, steps: int) -> list[str]:
         f"{actor}.actor.use_kl_loss=false",
         f"{actor}.model.use_remove_padding=false",
         f"+{actor}.model.override_config.attn_implementation=sdpa",
-        f"{actor}.actor.use_torch_compile=false",
-        f"{actor}.ref.use_torch_compile=false",
+        f"{actor}.actor.use_dynamic_bsz=false",
+        f"{actor}.actor.ppo_micro_batch_size_per_gpu=1",
+        f"{ROLLOUT}.log_prob_use_dynamic_bsz=false",
+        f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu=1",
+        f"{actor}.actor.fsdp_config.use_torch_compile=false",
         f"{ROLLOUT}.dtype=float32",
         f"{ROLLOUT}.enforce_eager=true",
         f"{ROLLOUT}.free_cache_engine=false",
@@ -78,16 +114,17 @@ def main(work: Path, steps: int, extra: list[str]) -> None:
     from hydra import compose, initialize_config_dir
 
     from infmem_verl import conf_dir
-    from infmem_verl.assets import tiny_qwen3_dir
     from infmem_verl.main import run
-    from infmem_verl.small_vocab import small_vocab_dir
 
     work.mkdir(parents=True, exist_ok=True)
-    model = tiny_qwen3_dir(tokenizer_dir=small_vocab_dir(4096))
+    model = non_uniform_model(work)
     with initialize_config_dir(str(conf_dir()), version_base=None):
         config = compose("infmem_trainer", overrides=overrides(work.resolve(), model, steps) + extra)
     passed = ("VERL_PLATFORM", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
     env = {key: os.environ[key] for key in passed if key in os.environ}
+    # Reward components named by dotted path (answer_length_on_even_samples) import in the workers.
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests")])
+    os.environ.setdefault("RAY_worker_niceness", "0")  # read by the raylet ray.init starts (module docstring)
     # Two logical GPU slots, one per rank; verl's bundles ask for CPUs beyond the machine's count.
     ray.init(num_cpus=32, num_gpus=2, include_dashboard=False, runtime_env={"env_vars": env})
     try:
