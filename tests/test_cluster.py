@@ -138,7 +138,7 @@ def test_a_smoke_job_on_a_two_node_cluster_saves_and_resumes(tmp_path, token_aut
     print(f"[cluster smoke] agent-loop workers -> node: {placed}", flush=True)
     for job, logs in (("job 1", first), ("job 2", second)):
         for line in logs.splitlines():
-            if line.startswith(("[infmem] Ray cluster", "[infmem] backend", "[infmem cpu] step")):
+            if line.startswith(("[infmem] Ray cluster", "[infmem] backend", "[infmem] step")):
                 print(f"[cluster smoke] {job}: {line}", flush=True)
 
     # The entrypoint joined the cluster and counted both nodes: 9 + 7 CPUs, from the job's own log.
@@ -149,7 +149,7 @@ def test_a_smoke_job_on_a_two_node_cluster_saves_and_resumes(tmp_path, token_aut
     # its worker: none failed, and every one read its document's chunks, on both nodes.
     assert len(placed_first) == 2 and set(placed_first.values()) == set(nodes), placed_first
     assert len(placed) == 4 and set(placed.values()) == set(nodes), placed
-    assert "[infmem cpu] step 1/1" in first, first[-4000:]
+    assert "[infmem] step 1/1" in first, first[-4000:]
     records = shared / "tensorboard" / RUN
     steps = [json.loads(line) for line in (records / "steps.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2]
@@ -164,4 +164,4 @@ def test_a_smoke_job_on_a_two_node_cluster_saves_and_resumes(tmp_path, token_aut
     assert not list(ray_root.rglob("global_step_*"))
     shutil.rmtree(ray_root, ignore_errors=True)
     # The second job resumed from the first one's step 1 and trained step 2 only.
-    assert "[infmem cpu] step 2/2" in second and "[infmem cpu] step 1/" not in second, second[-4000:]
+    assert "[infmem] step 2/2" in second and "[infmem] step 1/" not in second, second[-4000:]

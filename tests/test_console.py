@@ -55,9 +55,9 @@ def test_console_mode_shows_compact_lines_and_sends_everything_else_to_the_log(t
     for text in ("a verl metrics dump", "C-level stderr", "(TaskRunner pid=1) a Ray worker line"):
         assert text in log and not any(text in line for line in console)
     assert console[0] == f"[infmem] training; verl's and Ray's full output: {tmp_path / LOG_FILE} (-v or INFMEM_VERBOSE=1 shows it here)"
-    assert console[1].startswith("[infmem cpu] step 1/2 | reward 0.500 (outcome 0.000, early_stop 0.250, protocol 0.500)")
-    assert console[2].startswith("[infmem cpu] step 2/2 | reward 0.750")
-    assert console[3].startswith("[infmem cpu] validation | reward 0.750 | acc 0.000") and console[3].endswith("(step 2)")
+    assert console[1].startswith("[infmem] step 1/2 | reward 0.500 (outcome 0.000, early_stop 0.250, protocol 0.500)")
+    assert console[2].startswith("[infmem] step 2/2 | reward 0.750")
+    assert console[3].startswith("[infmem] validation | reward 0.750 | acc 0.000") and console[3].endswith("(step 2)")
     table = console[4:]
     assert table[0] == "[infmem] run summary"
     assert table[2].split() == ["reward", "0.750", "0.750"]  # last training step, last validation
@@ -75,14 +75,14 @@ def test_the_console_shows_this_runs_steps_only(tmp_path):
     resumed = _Follower(record, io.StringIO(), 2, ["outcome"])
     record.log_step(2, step_metrics(0.7, val=True))
     resumed.poll()
-    assert [line.split(" |")[0] for line in resumed.out.getvalue().splitlines()] == ["[infmem cpu] step 2/2", "[infmem cpu] validation"]
+    assert [line.split(" |")[0] for line in resumed.out.getvalue().splitlines()] == ["[infmem] step 2/2", "[infmem] validation"]
 
     fresh = _Follower(record, io.StringIO(), 2, ["outcome"])
     moved = record.start_fresh()
     assert record.steps() == [] and len((moved / "steps.jsonl").read_text().splitlines()) == 2
     record.log_step(1, step_metrics(0.25, val=False))
     fresh.poll()
-    assert fresh.out.getvalue().startswith("[infmem cpu] step 1/2 | reward 0.250")
+    assert fresh.out.getvalue().startswith("[infmem] step 1/2 | reward 0.250")
     assert record.start_fresh() is not None and record.start_fresh() is None  # nothing left to move
 
 

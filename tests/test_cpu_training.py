@@ -172,7 +172,7 @@ def test_backend_is_chosen_by_the_gpus_present_and_says_which():
     forced = select_backend(make_config("+recipe=smoke", "infmem.backend=cpu"), GPUCount(2, here))
     assert forced.name == "cpu" and "(infmem.backend=cpu)" in forced.message
     assert select_backend(make_config("+recipe=infmem_4b"), GPUCount(8, here)).name == "gpu"
-    with pytest.raises(ConfigError, match=r"infmem\.backend: expected one of \['auto', 'cpu', 'gpu'\], got 'tpu'"):
+    with pytest.raises(ConfigError, match=r"infmem\.backend: expected one of \['auto', 'cpu', 'gpu', 'verl-cpu'\], got 'tpu'"):
         select_backend(make_config("+recipe=smoke", "infmem.backend=tpu"), GPUCount(0, here))
 
 
@@ -310,10 +310,13 @@ def test_the_step_line_shows_means_over_trajectories_not_sequences():
     assert metrics["infmem/chunks_read"] == pytest.approx(3.0) and metrics["infmem/llm_calls"] == pytest.approx(10.0)
     assert metrics["infmem/stopped"] == pytest.approx(0.5) and metrics["infmem/stop_step"] == 2
     line = step_line(3, 5, metrics | {"actor/optimizer_steps": 2, "timing_s/step": 12.5}, ["outcome"])
-    assert line.startswith("[infmem cpu] step 3/5 | reward 0.500 (outcome 0.500) | acc 0.500 | chunks read 3.0/4.0")
+    assert line.startswith("[infmem] step 3/5 | reward 0.500 (outcome 0.500) | acc 0.500 | chunks read 3.0/4.0")
     assert "stopped 1/2 at step 2.0 | llm calls 10.0/traj | optimizer steps 2" in line and line.endswith("| 12.5s")
+    # infmem_sync (verl's workers) measures the count itself; the line shows that one.
+    measured = step_line(3, 5, metrics | {"infmem/optimizer_steps": 4.0, "actor/optimizer_steps": 2}, ["outcome"])
+    assert "| optimizer steps 4 |" in measured
     val = validation_line({"val-core/hotpot/acc/mean@2": 0.25, "val-aux/hotpot/reward/mean@2": 0.5}, ["reward", "acc"])
-    assert val == "[infmem cpu] validation | reward 0.500 | acc 0.250"
+    assert val == "[infmem] validation | reward 0.500 | acc 0.250"
 
 
 # ------------------------------------------------------------ the contract with verl's trainer

@@ -89,9 +89,9 @@ def _check_console(console: str, record_dir: Path) -> None:
     assert any(line.startswith("[infmem] backend: cpu") for line in lines)
     log = (record_dir / "run.log").resolve()
     assert f"[infmem] training; verl's and Ray's full output: {log} (-v or INFMEM_VERBOSE=1 shows it here)" in lines
-    steps = [line.split(" |")[0] for line in lines if line.startswith("[infmem cpu] step")]
-    assert steps == [f"[infmem cpu] step {n}/{STEPS}" for n in range(1, STEPS + 1)]
-    assert sum(line.startswith("[infmem cpu] validation") for line in lines) == 1
+    steps = [line.split(" |")[0] for line in lines if line.startswith("[infmem] step")]
+    assert steps == [f"[infmem] step {n}/{STEPS}" for n in range(1, STEPS + 1)]
+    assert sum(line.startswith("[infmem] validation") for line in lines) == 1
     table = lines[lines.index("[infmem] run summary") :]
     for label in ("reward", "accuracy", "chunks read", "stop rate", "LLM calls", "time:", "TensorBoard", "steps", "summary plot", "full log"):
         assert any(line.strip().startswith(label) for line in table), (label, table)

@@ -492,7 +492,7 @@ def test_the_stopped_run_resumes_from_its_last_checkpoint_with_its_step_count(ru
     first, second = sorted(run.tensorboard.glob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime)
     assert set(tensorboard_scalars(first)["infmem/reward"]) == {1}  # stopped during step 2
     assert set(tensorboard_scalars(second)["infmem/reward"]) == {2}  # resumed at step 2, not 1
-    assert "[infmem cpu] step 2/2" in run.second_output and "step 1/2" not in run.second_output
+    assert "[infmem] step 2/2" in run.second_output and "step 1/2" not in run.second_output
     # Step 0: the first process's validation before training; step 1 also holds the second's.
     assert [s["step"] for s in run.records.steps()] == [0, 1, 2]
     assert (run.checkpoints / "latest_checkpointed_iteration.txt").read_text().strip() == "2"

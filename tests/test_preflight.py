@@ -187,6 +187,28 @@ def test_sft_dry_run_validates_a_gpu_recipe_without_gpus():
     assert sft_backend(config, gpus=0) == "gpu"
 
 
+def test_the_verl_cpu_backend_says_what_it_changes_and_refuses_what_cannot_run():
+    from infmem_verl.cpu.backend import VERL_CPU_SETTINGS, apply_verl_cpu_backend
+    from omegaconf import OmegaConf
+
+    config = make_config("+recipe=smoke", "infmem.backend=verl-cpu", "trainer.n_gpus_per_node=2", "dry_run=true")
+    changed = apply_verl_cpu_backend(config)
+    # The smoke recipe trains with the KL loss: the backend turns it off and says so.
+    assert "actor_rollout_ref.actor.use_kl_loss: True -> False" in changed
+    assert all(OmegaConf.select(config, key) == value for key, value in VERL_CPU_SETTINGS.items())
+    ray_init = config.ray_kwargs.ray_init  # one logical GPU slot per rank, the platform in every worker
+    assert ray_init.num_gpus == 2 and ray_init.num_cpus >= 20 and ray_init.runtime_env.env_vars.VERL_PLATFORM == "cpu"
+    backend = select_backend(config, GPUCount(0, "this machine"), dry_run=True)
+    assert backend.name == "verl-cpu" and "2 gloo rank(s)" in backend.message
+    # The suite's venv has no vLLM: a real run stops at once, naming the environment that has it.
+    config.dry_run = False
+    with pytest.raises(ConfigError, match="infmem.backend: verl-cpu serves the rollout with vLLM's CPU build.*venv-vllm"):
+        apply_verl_cpu_backend(config)
+    joining = make_config("+recipe=smoke", "infmem.backend=verl-cpu", "+ray_kwargs.ray_init.address=auto")
+    with pytest.raises(ConfigError, match="starts its own Ray session"):
+        apply_verl_cpu_backend(joining)
+
+
 # ------------------------------------------------------------------ caps and capacity
 
 

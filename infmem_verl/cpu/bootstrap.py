@@ -38,11 +38,16 @@ class BootstrapSettings:
     val_samples: int = 2  # and to data.val_files (drawn from seed + 1000)
     doc_tokens: int = 16000  # length of each synthetic document
     seed: int = 0  # of the training questions and their documents
+    # tiny_qwen3 over the small-vocabulary tokenizer of this many tokens (infmem_verl/small_vocab.py,
+    # Qwen3's special tokens and template; the data is then measured in its tokens); 0: Qwen3's.
+    vocab_size: int = 0
 
     def validate(self, path: str) -> BootstrapSettings:
         for name in ("train_samples", "val_samples", "doc_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{path}.{name}: expected an integer >= 1, got {getattr(self, name)!r}")
+        if self.vocab_size and self.model != "tiny_qwen3":
+            raise ConfigError(f"{path}.vocab_size: only the tiny_qwen3 model is built here over the small vocabulary, got model {self.model!r}")
         return self
 
 
@@ -122,7 +127,16 @@ def _model(config: DictConfig, settings: BootstrapSettings) -> tuple[str, str]:
         return str(path), "tiny Qwen3 warmed up on the oracle's distilled trajectories"
     from infmem_verl.assets import tiny_qwen3_dir
 
-    return str(tiny_qwen3_dir(seed=settings.seed)), "tiny random Qwen3 with the real Qwen3 tokenizer"
+    if not settings.vocab_size:
+        return str(tiny_qwen3_dir(seed=settings.seed)), "tiny random Qwen3 with the real Qwen3 tokenizer"
+    from infmem_verl.small_vocab import small_vocab_dir
+
+    try:
+        tokenizer = small_vocab_dir(settings.vocab_size)
+    except ValueError as err:
+        raise ConfigError(f"infmem.bootstrap.{err}") from None
+    path = tiny_qwen3_dir(seed=settings.seed, tokenizer_dir=tokenizer)
+    return str(path), f"tiny random Qwen3 over the {settings.vocab_size}-token small vocabulary"
 
 
 def _own_tokenizer(model: str) -> Path | None:

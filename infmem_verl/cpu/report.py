@@ -1,4 +1,4 @@
-"""The one-line step and validation summaries the CPU backend prints.
+"""The one-line step and validation summaries every backend's console prints.
 
 A reader of a memory-agent run wants trajectories: the reward and its components, accuracy,
 chunks read, where the controller stopped, LLM calls. The step line shows the per-trajectory
@@ -38,13 +38,14 @@ def step_line(step: int, total: int, metrics: Mapping[str, Any], components: Seq
     parts = ", ".join(f"{c} {ours(c)}" for c in components)
     return " | ".join(
         [
-            f"[infmem cpu] step {step}/{total}",
+            f"[infmem] step {step}/{total}",
             f"reward {ours('reward')} ({parts})",
             f"acc {ours('acc')}",
             f"chunks read {ours('chunks_read', '.1f')}/{ours('num_chunks', '.1f')}",
             f"stopped {stopped:.0f}/{trajectories:.0f} at step {ours('stop_step', '.1f')}",
             f"llm calls {ours('llm_calls', '.1f')}/traj",
-            f"optimizer steps {verls('actor/optimizer_steps', '.0f')}",
+            # Measured from verl's unreduced update output by infmem_sync; the CPU engine's own count.
+            f"optimizer steps {ours('optimizer_steps', '.0f') if f'{PREFIX}/optimizer_steps' in metrics else verls('actor/optimizer_steps', '.0f')}",
             f"loss {verls('actor/loss', '.4f')} (pg {verls('actor/pg_loss', '.4f')})",
             f"grad norm {verls('actor/grad_norm', '.4f')}",
             f"rollout-vs-engine prob diff {verls('training/rollout_probs_diff_max', '.1e')}",
@@ -64,4 +65,4 @@ def validation_line(metrics: Mapping[str, Any], names: Sequence[str]) -> str:
         if match and match["name"] in names:
             values[match["name"]].append(float(value))
     shown = " | ".join(f"{name} {_fmt(sum(v) / len(v))}" for name in names if (v := values.get(name)))
-    return f"[infmem cpu] validation | {shown or 'no metrics'}"
+    return f"[infmem] validation | {shown or 'no metrics'}"

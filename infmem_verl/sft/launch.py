@@ -37,7 +37,14 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from infmem_verl import conf_dir
 from infmem_verl.agent.errors import ConfigError
 from infmem_verl.cli import exit_on_input_error
-from infmem_verl.cpu.backend import BACKENDS, VERL_CPU, choose_backend
+from infmem_verl.cpu.backend import (
+    BACKENDS,
+    VERL_CPU,
+    check_cpu_platform,
+    choose_backend,
+    cpu_ray_init,
+    select_cpu_platform,
+)
 
 from .samples import TOKEN_COLUMNS, TokenizerStamp, check_columns, longest_sample, read_stamp
 
@@ -204,6 +211,8 @@ def _check_optim(config: DictConfig) -> None:
 
 def run(config: DictConfig):
     """Prepare ``config``, then train (or, with ``dry_run``, stop after the checks)."""
+    if OmegaConf.select(config, "sft.backend") == VERL_CPU and not config.dry_run:
+        select_cpu_platform()  # before the checks' verl imports ask verl for its platform
     prepared = prepare_sft_config(config)
     for line in prepared.lines():
         print(f"[sft] {line}")
@@ -238,13 +247,14 @@ def train_on_verl_cpu(config: DictConfig):
     (:func:`prepare_sft_config` refuses FSDP1, which torch cannot run on a CPU: it refuses
     ``sync_module_states`` there).
     """
-    from infmem_verl.verl_plugin.platform import start_ray
+    import ray
+    from verl.trainer.sft_trainer_ray import SFTTrainer
 
+    check_cpu_platform("sft.backend")
     with open_dict(config):
         config.trainer.device = "cpu"
         config.model.override_config.setdefault("attn_implementation", "sdpa")
-    start_ray(int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes))
-    from verl.trainer.sft_trainer_ray import SFTTrainer
+    ray.init(**cpu_ray_init(int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)))
 
     trainer = SFTTrainer(config=config)
     trainer.fit()

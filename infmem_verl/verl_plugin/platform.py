@@ -210,29 +210,3 @@ class PlatformCPU(PlatformBase):
     def cudart(self) -> Any:
         return None
 
-
-# verl's RayResourcePool reserves this many logical Ray CPUs beside every rank's GPU slot (its
-# max_colocate_count default); the driver's own actors need a few more.
-CPUS_PER_RANK = 10
-# What verl's workers need from the launcher's environment: the platform, and the offline switches
-# (nothing may reach a model hub at run time).
-PASSED_ENV = ("VERL_PLATFORM", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-
-
-def start_ray(ranks: int) -> None:
-    """Start a local Ray session for verl's workers on ``ranks`` gloo ranks of this machine.
-
-    Selects this platform here and in every Ray worker (verl reads ``VERL_PLATFORM`` at its first
-    ``get_platform()``, in each process), makes ``ranks`` logical GPU slots (one per rank, see the
-    module docstring) and enough logical CPUs for verl's bundles, without the dashboard.
-    """
-    import ray
-
-    os.environ["VERL_PLATFORM"] = PLATFORM
-    env = {key: os.environ[key] for key in PASSED_ENV if key in os.environ}
-    ray.init(
-        num_cpus=CPUS_PER_RANK * ranks + 12,
-        num_gpus=ranks,
-        include_dashboard=False,
-        runtime_env={"env_vars": env},
-    )
