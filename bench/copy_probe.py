@@ -70,6 +70,11 @@ class ProbeConfig:
     pool: int = 0  # 0: fresh chains in every batch; N: a fixed pool of N chains, reshuffled
     space: bool = False  # \boxed{ Name}: the answer's tokens as in the memory
     recipe: str = "demo"
+    # answer: the answer call from haystack-free chains; write: the Writes of distilled SFT
+    # parquets (train_data, one pass unless pool; heldout_data from another distillation seed).
+    call: str = "answer"
+    train_data: str = ""
+    heldout_data: str = ""
     seed: int = 1
     model_seed: int = 0
 
@@ -81,7 +86,7 @@ class ProbePoint:
     step: int
     train_loss: float
     exact: float
-    sub_em: float
+    sub_em: float  # the answer call's sub-EM; for the Writes: exact share of those that copy a fact
     cpu_s: float
     load: float
 
@@ -91,7 +96,7 @@ class ProbeResult:
     config: ProbeConfig
     points: list[ProbePoint] = field(default_factory=list)
     prompt_tokens: float = 0.0  # mean answer-prompt length
-    chains_seen: int = 0  # distinct training chains
+    distinct_samples: int = 0  # training samples, each seen once unless pool
 
     def best_sub_em(self) -> float:
         return max((p.sub_em for p in self.points), default=0.0)
@@ -175,21 +180,36 @@ def greedy_answers(model, samples: AnswerSamples, items: Sequence[Chain], max_to
     return answers
 
 
-def exact_share(model, samples: AnswerSamples, items: Sequence[Chain], pad_id: int) -> float:
-    """Share of ``items`` whose every response token is the argmax after the oracle's prefix
-    (so greedy decoding reproduces the oracle's response exactly)."""
-    pairs = [(samples.prompt(i), samples.response(i)) for i in items]
+def exact_share(model, pairs: Sequence[tuple[np.ndarray, np.ndarray]], pad_id: int) -> list[bool]:
+    """For each (prompt, response): is every response token the argmax after the oracle's prefix
+    (so greedy decoding reproduces the oracle's response exactly)?"""
     ids, trained = _batch(pairs, pad_id)
     model.eval()
     with torch.no_grad():
         logits, targets = response_logits(model, ids, trained)
     model.train()
     hit = (logits.argmax(-1) == targets).tolist()
-    out, start = 0, 0
+    out, start = [], 0
     for _, response in pairs:
-        out += all(hit[start : start + len(response)])
+        out.append(all(hit[start : start + len(response)]))
         start += len(response)
-    return out / len(pairs)
+    return out
+
+
+def distilled_calls(path: str, kind: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The (prompt, response) ids of every ``kind`` call in a distilled SFT parquet, in file
+    order (the response: from the first trained token on)."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path, columns=["input_ids", "loss_mask", "kind"]).to_pylist()
+    pairs = []
+    for row in table:
+        if row["kind"] == kind:
+            ids, first = np.asarray(row["input_ids"], dtype=np.int32), row["loss_mask"].index(1)
+            pairs.append((ids[:first], ids[first:]))
+    if not pairs:
+        raise ValueError(f"{path}: no {kind} calls")
+    return pairs
 
 
 def run_probe(cfg: ProbeConfig, say=print) -> ProbeResult:
@@ -210,25 +230,37 @@ def run_probe(cfg: ProbeConfig, say=print) -> ProbeResult:
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
-    heldout = [chain(i, HELDOUT_SEED) for i in range(cfg.heldout)]
+    if cfg.call == "answer":
+        heldout_chains = [chain(i, HELDOUT_SEED) for i in range(cfg.heldout)]
+        heldout = [(samples.prompt(i), samples.response(i)) for i in heldout_chains]
+        supply = cfg.pool or cfg.steps * cfg.batch_size
+
+        def train_pair(index: int) -> tuple[np.ndarray, np.ndarray]:
+            item = chain(index, cfg.seed)
+            return samples.prompt(item), samples.response(item)
+    else:  # the Writes of two oracle distillations (python -m infmem_verl.distill --teacher oracle)
+        heldout = distilled_calls(cfg.heldout_data, "write")[: cfg.heldout]
+        train = distilled_calls(cfg.train_data, "write")
+        needed = cfg.pool or cfg.steps * cfg.batch_size
+        if needed > len(train):
+            raise ValueError(f"train_data: {len(train)} Writes, {needed} needed (steps x batch without repeats, or --pool)")
+        supply = cfg.pool or len(train)
+        train_pair = train.__getitem__
+    nothing = samples.builder.encode("Nothing relevant yet.").tolist()
+    carries = [not _contains(r.tolist(), nothing) for _, r in heldout]  # a Write that copies a fact
     rng = random.Random(cfg.seed)
     order: list[int] = []
-    result = ProbeResult(cfg, prompt_tokens=float(np.mean([len(samples.prompt(i)) for i in heldout])))
-    next_index = 0
+    result = ProbeResult(cfg, prompt_tokens=float(np.mean([len(p) for p, _ in heldout])))
     losses: list[float] = []
     started = time.process_time()
-    say(f"[copy-probe] {json.dumps(dataclasses.asdict(cfg))}; answer prompt {result.prompt_tokens:.0f} tokens")
+    say(f"[copy-probe] {json.dumps(dataclasses.asdict(cfg))}; {cfg.call} prompt {result.prompt_tokens:.0f} tokens")
     for step in range(1, cfg.steps + 1):
-        if cfg.pool:
-            if not order:
-                order = list(range(cfg.pool))
+        if not order:  # one pass over the supply (fresh: the supply is every sample the run needs)
+            order = list(range(supply))
+            if cfg.pool:
                 rng.shuffle(order)
-            indices, order = order[: cfg.batch_size], order[cfg.batch_size :]
-        else:
-            indices = list(range(next_index, next_index + cfg.batch_size))
-            next_index += cfg.batch_size
-        items = [chain(i, cfg.seed) for i in indices]
-        ids, trained = _batch([(samples.prompt(i), samples.response(i)) for i in items], pad_id)
+        indices, order = order[: cfg.batch_size], order[cfg.batch_size :]
+        ids, trained = _batch([train_pair(i) for i in indices], pad_id)
         logits, targets = response_logits(model, ids, trained)
         loss = torch.nn.functional.cross_entropy(logits, targets)
         optimizer.zero_grad(set_to_none=True)
@@ -238,22 +270,32 @@ def run_probe(cfg: ProbeConfig, say=print) -> ProbeResult:
         scheduler.step()
         losses.append(float(loss.detach()))
         if step % cfg.eval_every == 0 or step == cfg.steps:
-            answers = greedy_answers(model, samples, heldout)
+            exact = exact_share(model, heldout, pad_id)
+            if cfg.call == "answer":
+                answers = greedy_answers(model, samples, heldout_chains)
+                score = float(np.mean([sub_em(a, [i.answer]) for a, i in zip(answers, heldout_chains)]))
+            else:  # the Writes that copy a fact, reproduced exactly
+                score = float(np.mean([e for e, c in zip(exact, carries) if c]))
             point = ProbePoint(
                 step=step,
                 train_loss=float(np.mean(losses[-cfg.eval_every :])),
-                exact=exact_share(model, samples, heldout, pad_id),
-                sub_em=float(np.mean([sub_em(a, [i.answer]) for a, i in zip(answers, heldout)])),
+                exact=float(np.mean(exact)),
+                sub_em=score,
                 cpu_s=time.process_time() - started,
                 load=os.getloadavg()[0],
             )
             result.points.append(point)
+            label = "sub-EM" if cfg.call == "answer" else "fact Writes exact"
             say(
                 f"[copy-probe] step {step:>5} | loss {point.train_loss:.3f} | held out exact {point.exact:.1%} "
-                f"sub-EM {point.sub_em:.1%} | cpu {point.cpu_s:.0f} s | load {point.load:.1f}"
+                f"{label} {point.sub_em:.1%} | cpu {point.cpu_s:.0f} s | load {point.load:.1f}"
             )
-    result.chains_seen = cfg.pool or next_index
+    result.distinct_samples = min(supply, cfg.steps * cfg.batch_size)
     return result
+
+
+def _contains(seq: list[int], part: list[int]) -> bool:
+    return any(seq[i : i + len(part)] == part for i in range(len(seq) - len(part) + 1))
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[ProbeConfig, str | None]:
@@ -276,7 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg, out = parse_args(argv)
     torch.set_num_threads(int(os.environ.get("PROBE_THREADS", "2")))
     result = run_probe(cfg)
-    print(f"[copy-probe] best held-out sub-EM {result.best_sub_em():.1%} over {result.chains_seen} training chains")
+    print(f"[copy-probe] best held-out score {result.best_sub_em():.1%} over {result.distinct_samples} distinct training samples")
     if out:
         with open(out, "a", encoding="utf-8") as file:
             file.write(json.dumps(dataclasses.asdict(result)) + "\n")

@@ -4,11 +4,13 @@ the small-vocabulary tokenizer, the oracle's distillation and a real tiny Qwen3.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 
-from bench.copy_probe import AnswerSamples, ProbeConfig, run_probe
+from bench.copy_probe import AnswerSamples, ProbeConfig, distilled_calls, run_probe
 from infmem_verl.assets import load_tokenizer
 from infmem_verl.data.synthetic import Chain, chain, make_dataset
 from infmem_verl.distill import DistillConfig, distill
@@ -17,27 +19,41 @@ from infmem_verl.small_vocab import small_vocab_dir
 from infmem_verl.sft.samples import sft_paths
 
 
-def test_the_probes_answer_samples_are_the_distilled_answer_samples(tmp_path):
-    """Built from a chain without its haystack, the probe's answer call is token for token the
-    one the oracle's distillation writes for the sample that hides the same chain."""
+@pytest.fixture(scope="module")
+def distilled(tmp_path_factory):
+    """Two oracle trajectories of the demo protocol over 1K-token documents, small vocabulary."""
     vocab = small_vocab_dir()
-    tokenizer = load_tokenizer(str(vocab))
     cfg = DistillConfig(
-        out=tmp_path / "distill", recipe="demo", samples=2, synthetic_length="1024", teacher="oracle",
+        out=tmp_path_factory.mktemp("distill"), recipe="demo", samples=2, synthetic_length="1024", teacher="oracle",
         source=ModelSource(tokenizer=vocab), seed=3, keep="all", drop_flags=(), progress=False,
     )  # fmt: skip
     asyncio.run(distill(cfg))
-    rows = pq.read_table(sft_paths(cfg.out)["train"]).to_pylist()
-    answers = {row["sample_id"]: row for row in rows if row["kind"] == "answer"}
+    return sft_paths(cfg.out)["train"]
+
+
+def test_the_probes_answer_samples_are_the_distilled_answer_samples(distilled):
+    """Built from a chain without its haystack, the probe's answer call is token for token the
+    one the oracle's distillation writes for the sample that hides the same chain."""
+    tokenizer = load_tokenizer(str(small_vocab_dir()))
+    answers = {row["sample_id"]: row for row in pq.read_table(distilled).to_pylist() if row["kind"] == "answer"}
     probe = AnswerSamples(tokenizer, "demo")
     for sample in make_dataset(2, 1024, tokenizer, seed=3):
         row = answers[sample.id]
         item = Chain(sample.meta["template"], sample.question, tuple(f["text"] for f in sample.meta["facts"]), sample.meta["bridge"], sample.answers[0])
-        ids = np.asarray(row["input_ids"])
+        ids, mask = np.asarray(row["input_ids"]), np.asarray(row["loss_mask"])
         prompt, response = probe.prompt(item), probe.response(item)
-        mask = np.asarray(row["loss_mask"])
         assert ids.tolist() == np.concatenate([prompt, response]).tolist()
         assert mask[len(prompt) :].all() and not mask[: len(prompt)].any()
+
+
+def test_the_write_probe_trains_on_distilled_writes_once_each(distilled):
+    writes = distilled_calls(str(distilled), "write")
+    assert len(writes) >= 4 and all(len(p) > 200 and len(r) > 5 for p, r in writes)
+    cfg = ProbeConfig(call="write", train_data=str(distilled), heldout_data=str(distilled), steps=2, eval_every=2, heldout=4, batch_size=2)
+    result = run_probe(cfg, say=lambda _: None)
+    assert result.distinct_samples == 4 and 0 <= result.points[-1].exact <= 1
+    with pytest.raises(ValueError, match="needed"):
+        run_probe(dataclasses.replace(cfg, steps=len(writes)), say=lambda _: None)
 
 
 def test_fresh_chains_never_repeat_and_a_few_steps_lower_the_loss():
@@ -45,8 +61,8 @@ def test_fresh_chains_never_repeat_and_a_few_steps_lower_the_loss():
     assert len({item.question for item in items}) == 200
     assert all(item.answer in item.facts[1] and item.bridge in item.facts[0] for item in items)
     result = run_probe(ProbeConfig(steps=6, eval_every=3, heldout=4, batch_size=4, lr=3e-3), say=lambda _: None)
-    assert result.chains_seen == 24 and [p.step for p in result.points] == [3, 6]
+    assert result.distinct_samples == 24 and [p.step for p in result.points] == [3, 6]
     assert result.points[-1].train_loss < result.points[0].train_loss
     assert all(0 <= p.exact <= 1 and 0 <= p.sub_em <= 1 for p in result.points)
     pooled = run_probe(ProbeConfig(steps=3, eval_every=3, heldout=2, batch_size=4, pool=8), say=lambda _: None)
-    assert pooled.chains_seen == 8
+    assert pooled.distinct_samples == 8
