@@ -199,6 +199,22 @@ def test_cpu_backend_selects_its_trainer_mode_and_ray_settings():
     assert cpu_settings(config).max_batch == 8
 
 
+def test_the_cpu_backend_runs_ray_workers_at_the_launchers_priority(monkeypatch):
+    """Ray's default starts workers 15 nice levels below the driver: on a CPU they are the
+    training, and beside any busy process they starve."""
+    import os
+
+    import ray
+
+    monkeypatch.delenv("RAY_worker_niceness", raising=False)
+    apply_cpu_backend(make_config("+recipe=smoke"))
+    ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
+    try:
+        assert ray.get(ray.remote(lambda: os.nice(0)).remote()) == os.nice(0)
+    finally:
+        ray.shutdown()
+
+
 @pytest.mark.parametrize(
     "override, message",
     [

@@ -167,7 +167,9 @@ async def calls(client, prompt_ids: list[int], eos_ids: list[int]) -> dict:
 
 
 def main(source: Path, work: Path) -> None:
-    os.environ["VERL_PLATFORM"] = "cpu"
+    from infmem_verl.cpu.backend import cpu_ray_init, select_cpu_platform
+
+    select_cpu_platform()  # as the verl-cpu launchers do, before verl is asked for its platform
     started = time.monotonic()
     model_dir, prompt_ids, stop, greedy = served_model(source, work)
 
@@ -181,8 +183,7 @@ def main(source: Path, work: Path) -> None:
     config = rollout_config(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     eos_ids = end_token_ids(tokenizer, get_generation_config(str(model_dir)))
-    # One Ray GPU slot: the replica's rank (the cpu platform's resource, see verl_plugin.platform).
-    ray.init(num_cpus=16, num_gpus=1, include_dashboard=False, runtime_env={"env_vars": {"VERL_PLATFORM": "cpu"}})
+    ray.init(**cpu_ray_init(1))  # one Ray GPU slot: the replica's rank (see verl_plugin.platform)
     try:
         ray_s = time.monotonic() - started
         manager = LLMServerManager.create(config)

@@ -262,17 +262,28 @@ VERL_CPU_SETTINGS = {
 }
 
 
+def workers_at_driver_priority() -> None:
+    """Have the Ray session this process starts run its workers at the driver's priority.
+
+    Ray starts its workers 15 nice levels below the driver unless told otherwise
+    (``RAY_worker_niceness``, read by the raylet ``ray.init`` starts). On a GPU node that costs
+    nothing; on a CPU the workers are the training, and beside any busy process (another test, a
+    browser) they starve: measured, the two ranks of a verl-cpu step got 0.64-1.06 of 2 cores
+    beside other processes at the driver's priority (docs/experiments/2026-12-04-verl-cpu-rl.md).
+    A value the user set is kept.
+    """
+    os.environ.setdefault("RAY_worker_niceness", "0")
+
+
 def select_cpu_platform() -> None:
-    """Select verl's ``cpu`` platform in this process, and Ray's workers at its priority.
+    """Select verl's ``cpu`` platform in this process, with Ray's workers at its priority.
 
     verl chooses its platform once, at its first ``get_platform()``, and our pre-flight checks
     import verl modules that ask: the launchers call this first (:func:`check_cpu_platform` says
-    when it came too late). Ray starts its workers 15 nice levels below the driver unless told
-    otherwise (``RAY_worker_niceness``, read by the raylet ``ray.init`` starts); on a GPU node that
-    costs nothing, here the workers are the training, and beside any busy process they starve.
+    when it came too late).
     """
     os.environ["VERL_PLATFORM"] = "cpu"
-    os.environ.setdefault("RAY_worker_niceness", "0")
+    workers_at_driver_priority()
 
 
 def cpu_ray_init(ranks: int) -> dict:
@@ -357,14 +368,17 @@ def apply_cpu_backend(config: DictConfig) -> None:
 
     Unless set: Ray gets :data:`MIN_RAY_CPUS` logical CPUs, and no dashboard (a dozen processes
     and seconds of start-up a laptop run does not need; ``+ray_kwargs.ray_init.include_dashboard=true``
-    brings it back). A run that joins a Ray cluster (a Ray job's entrypoint, ``RAY_ADDRESS``) gets
-    neither: Ray refuses both when connecting, and the cluster's nodes declare their own CPUs.
+    brings it back), and its workers run at the launcher's priority (:func:`workers_at_driver_priority`).
+    A run that joins a Ray cluster (a Ray job's entrypoint, ``RAY_ADDRESS``) gets none of these:
+    Ray refuses the first two when connecting, the cluster's nodes declare their own CPUs, and its
+    raylets were started with their own niceness.
     """
     check_cpu_support(config)
     with open_dict(config):
         config.trainer.v1.trainer_mode = CPU_TRAINER_MODE
         if ray_address(config) is not None:
             return
+        workers_at_driver_priority()
         ray_init = config.ray_kwargs.ray_init
         if ray_init.get("num_cpus") is None:
             ray_init.num_cpus = max(MIN_RAY_CPUS, os.cpu_count() or 1)
