@@ -17,14 +17,16 @@ our agent loop and reward manager. What differs from a GPU run, and why:
   initializer range 0.3 (WORK_DIR/model): at the default 0.02 its next-token distribution is near
   uniform (log-perplexity 8.31 against ln 4096 = 8.32), so no log-prob check could tell one set of
   weights from another;
-* no KL loss (``actor.use_kl_loss=false``): verl pins a forward-only FSDP2 model's host memory,
-  which needs an accelerator, so the reference model cannot run on CPU;
+* the reference model (the KL loss's, as in the GPU recipes) is verl's FSDP2 engine without the
+  pinned CPU offload verl forces on forward-only models: pinning needs an accelerator
+  (infmem_verl/verl_plugin/cpu_engine.py); its log-probs are one row per micro-batch too;
 * sdpa attention, no padding removal, one row per micro-batch (``use_dynamic_bsz=false`` for the
   update and the old log-probs, ``ppo_micro_batch_size_per_gpu=1``): flash-attention is
   CUDA-only, and sdpa on CPU computes a padded micro-batch's whole ``rows x longest^2`` masked
   attention (or, with padding removal, the packed length squared), but only the causal half of
-  one unpadded row: one row at a time cut the update from 35 to 9 s and the old log-probs from
-  19 to 2.3 s (docs/experiments/2026-12-04-verl-cpu-rl.md);
+  one unpadded row: against verl's dynamic batches (8,192 tokens) one row at a time took the old
+  log-probs from 11.5 to 2.6 s and the update from 12.3 to 8.3 s at the same load
+  (docs/experiments/2026-12-04-verl-cpu-rl.md);
 * the rollout in float32, eager, without sleep mode (vLLM's CPU build has no sleep mode);
 * ``actor.fsdp_config.use_torch_compile=false``: the engine's switch for verl's compiled
   log-prob/entropy functions (``actor.use_torch_compile`` does not reach the v1 engine);
@@ -87,14 +89,16 @@ def overrides(work: Path, model: Path, steps: int) -> list[str]:
         "infmem.bootstrap.doc_tokens=4000",
         f"infmem.records.dir={work}/records",
         f"trainer.default_local_dir={work}/checkpoints",
-        f"{actor}.actor.use_kl_loss=false",
         f"{actor}.model.use_remove_padding=false",
         f"+{actor}.model.override_config.attn_implementation=sdpa",
         f"{actor}.actor.use_dynamic_bsz=false",
         f"{actor}.actor.ppo_micro_batch_size_per_gpu=1",
         f"{ROLLOUT}.log_prob_use_dynamic_bsz=false",
         f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu=1",
+        f"{actor}.ref.log_prob_use_dynamic_bsz=false",
+        f"{actor}.ref.log_prob_micro_batch_size_per_gpu=1",
         f"{actor}.actor.fsdp_config.use_torch_compile=false",
+        f"{actor}.ref.fsdp_config.use_torch_compile=false",
         f"{ROLLOUT}.dtype=float32",
         f"{ROLLOUT}.enforce_eager=true",
         f"{ROLLOUT}.free_cache_engine=false",
