@@ -571,7 +571,7 @@ ANALYZER_SETTINGS: dict[str, RetrievalConfig] = {
     "rank_bm25 words k1=1.5 (paper eval)": RetrievalConfig(backend="rank_bm25", stem=False, stopwords=False, k1=1.5, bigram_weight=0, heading_weight=0),
 }
 # Candidates BM25 passes to each dense stage, and the fusions compared over them.
-DENSE_CANDIDATES = {"static": (50, 200), "minilm": (20, 50)}
+DENSE_CANDIDATES = {"static": (50, 200), "minilm": (20, 30, 50)}
 DENSE_FUSIONS: dict[str, tuple[str, float]] = {
     "MiniLM only": ("dense", 1.0),
     "RRF": ("rrf", 0.0),

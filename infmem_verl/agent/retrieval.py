@@ -485,10 +485,13 @@ class BM25Index:
         with self._embeddings_lock:
             if self._embeddings is None:
                 if self.cfg.rerank_model == "static":
-                    from infmem_verl.agent.static_embed import StaticEmbeddings as embeddings
+                    from infmem_verl.agent.static_embed import StaticEmbeddings
+
+                    self._embeddings = StaticEmbeddings(self.unit_texts)
                 else:
-                    from infmem_verl.agent.rerank import UnitEmbeddings as embeddings
-                self._embeddings = embeddings(self.unit_texts)
+                    from infmem_verl.agent.rerank import UnitEmbeddings
+
+                    self._embeddings = UnitEmbeddings(self.unit_texts, self.cfg.rerank_window_tokens, self.cfg.rerank_windows)
             return self._embeddings
 
     def _rerank(self, query: str, pool: list[Hit]) -> list[Hit]:
