@@ -387,6 +387,18 @@ def test_stem_cache_is_bounded_and_stems_stay_right(units):
         Analyzer(stem=True, stopwords=True, max_stems=0)
 
 
+def test_the_stem_cache_shares_its_strings():
+    """A word that is its own stem maps to itself, and words of one stem stored together share
+    one string: the cache holds little beyond its keys."""
+    analyzer = Analyzer(stem=True, stopwords=False)
+    words = "paint painting painted paints river".split()
+    assert analyzer.analyze(" ".join(words)) == ["paint", "paint", "paint", "paint", "river"]
+    stems = analyzer._stems
+    assert stems["river"] is next(w for w in stems if w == "river")
+    assert stems["paint"] is next(w for w in stems if w == "paint")
+    assert stems["painting"] is stems["painted"] is stems["paints"]
+
+
 def test_stem_cache_starting_over_is_safe_across_threads(units):
     # Four threads share an analyzer whose tiny cache starts over constantly.
     reference = Analyzer(stem=True, stopwords=False)

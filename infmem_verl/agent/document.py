@@ -67,6 +67,12 @@ _PIECE_CHARS = 16_384
 _BATCH_CHARS = 1 << 18
 # Characters of text hashed per step, so hashing never holds a UTF-8 copy of the whole text.
 _HASH_CHARS = 1 << 18
+# Words a byte-level BPE model keeps merged in its word cache. tokenizers' default (10,000)
+# fills on the first long document to 5.5-6.6 MiB and never lets go (it stops inserting when
+# full): 1.3-1.5x the text of a 1M-token document, all of it in the first sample's peak memory.
+# Emptied and bounded to this before each document: 0.7-0.8 MiB, for 5-14% more tokenization
+# CPU (measured on a 1M-token document, docs/experiments/2026-12-04-retrieval-cost.md).
+BPE_CACHE_WORDS = 1000
 # Units decoded per batch when unit texts are iterated. The decoder takes lists of Python ints
 # (32 bytes per token), so a batch of 64 500-token units costs about 1 MiB while it is decoded.
 _DECODE_UNITS = 64
@@ -176,6 +182,10 @@ def _tokenize_pieces(text: str, backend, paragraph_chars: Sequence[int]) -> tupl
     ends = [*starts[1:], len(text)]
     # ``encode_batch_fast`` skips offset tracking (about twice as fast); older tokenizers lack it.
     encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
+    model = backend.model
+    if hasattr(model, "_resize_cache") and hasattr(model, "_clear_cache"):  # tokenizers >= 0.21
+        model._resize_cache(BPE_CACHE_WORDS)  # a smaller capacity keeps the entries already there
+        model._clear_cache()
     parts: list[np.ndarray] = []
     first = 0
     while first < len(starts):

@@ -19,6 +19,7 @@ caller's: it passes them as a boolean ``allowed`` mask over units.
 
 from __future__ import annotations
 
+import array
 import collections
 import functools
 import re
@@ -40,11 +41,13 @@ _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
 _TOKEN_RE = re.compile(rf"[{_CJK}]+|[^\W_{_CJK}]+")
 _CJK_RE = re.compile(rf"[{_CJK}]")
 
-# Most words an analyzer keeps stemmed. The analyzers are process-wide and a training run reads
-# millions of distinct words, so the cache starts over when full: at most ~8 MiB, while a
-# 1M-token Wikipedia document has ~45K distinct words. Starting over costs re-stemming the words
-# still in use (stemming every word of a 1M-token document uncached takes ~0.3 s).
-STEM_CACHE_WORDS = 1 << 16
+# Most words an analyzer keeps stemmed. The analyzers are process-wide, so whatever the cache
+# holds stays for the process: the first document to fill it carries it in its peak memory. It
+# starts over when full. A 1M-token Wikipedia document has ~43K distinct words; analysing all its
+# units took 0.47 / 0.48 / 0.50 s of CPU with room for 65,536 / 16,384 / 8,192 words, the cache
+# holding 43,144 / 15,525 / 1,062 words at the end, ~110 bytes a word (4.5 / 1.7 / 0.1 MiB; see
+# docs/experiments/2026-12-04-retrieval-cost.md).
+STEM_CACHE_WORDS = 1 << 14
 # BM25 weights are computed this many matrix entries at a time, bounding float64 temporaries.
 _WEIGHT_BLOCK = 1 << 16
 
@@ -119,7 +122,10 @@ class Analyzer:
         if not unknown:
             return known
         with self._lock:
-            stemmed = self._stemmer.stemWords(unknown)
+            # A word that is its own stem (about half of a document's words) maps to itself, and
+            # words of one stem share its string: the cache then holds little beyond its keys.
+            canonical: dict[str, str] = {}
+            stemmed = [w if s == w else canonical.setdefault(s, s) for w, s in zip(unknown, self._stemmer.stemWords(unknown))]
             cache = self._stems
             if len(cache) + len(unknown) > self.max_stems:
                 cache = self._stems = {}
@@ -133,7 +139,9 @@ class Analyzer:
 def _snowball_english():
     import Stemmer  # PyStemmer
 
-    return Stemmer.Stemmer("english")
+    # Its own cache off (size 0): the analyzer stems each distinct word once and caches it
+    # itself, so PyStemmer's 10,000-word cache would only hold a second copy.
+    return Stemmer.Stemmer("english", 0)
 
 
 @functools.lru_cache(maxsize=None)
@@ -192,30 +200,31 @@ class SparseBM25:
         self.vocab: dict[str, int] = {}
         self.k1 = k1
         self.bigram_weight = float(bigram_weight)
-        term_ids: list[np.ndarray] = [np.zeros(0, dtype=np.int32)]
-        counts: list[np.ndarray] = [np.zeros(0, dtype=np.float32)]
-        sequence: list[np.ndarray] = [np.zeros(0, dtype=np.int32)]
-        lengths: list[int] = []
+        # The entries go into growing flat buffers, not one array per unit: at 1M tokens ~9,000
+        # units x 3 arrays of ~100 bytes of header each were ~3 MiB of the build's peak.
+        term_ids, counts, sequence = array.array("i"), array.array("f"), array.array("i")
+        lengths, widths = array.array("q"), array.array("q")
         for terms in unit_terms:
             ids = np.fromiter(
                 (self.vocab.setdefault(t, len(self.vocab)) for t in terms), dtype=np.int32, count=len(terms)
             )
             distinct, count = np.unique(ids, return_counts=True)
-            term_ids.append(distinct)
-            counts.append(count.astype(np.float32))
+            term_ids.frombytes(distinct.tobytes())
+            counts.frombytes(count.astype(np.float32).tobytes())
             if self.bigram_weight > 0:
-                sequence += [ids, _UNIT_END]
+                sequence.frombytes(ids.tobytes())
+                sequence.append(_UNIT_END)
             lengths.append(len(terms))
+            widths.append(len(distinct))
         n_units = len(lengths)
         # Unit by unit the entries form the columns of the term-by-unit matrix; tocsr() gives
-        # the term rows a query selects, column indices sorted. The per-unit pieces go before
-        # the conversion so that at most two copies of the entries exist at any time.
-        indptr = np.cumsum([0, *(len(t) for t in term_ids[1:])])
-        entries = (_joined(counts), _joined(term_ids), indptr)
-        tf = scipy.sparse.csc_matrix(entries, shape=(len(self.vocab), n_units))
-        del entries
+        # the term rows a query selects, column indices sorted. The buffers are freed as soon as
+        # the conversion is done, so at most two copies of the entries exist at any time.
+        indptr = np.concatenate([[0], np.cumsum(_view(widths, np.int64))])
+        tf = scipy.sparse.csc_matrix((_view(counts, np.float32), _view(term_ids, np.int32), indptr), shape=(len(self.vocab), n_units))
         tf = tf.tocsr()
-        unit_lengths = np.asarray(lengths, dtype=np.int64)
+        del term_ids, counts
+        unit_lengths = _view(lengths, np.int64)
         avgdl = max(float(unit_lengths.mean()), 1.0) if n_units else 1.0
         self.norm = k1 * (1.0 - b + b * unit_lengths / avgdl)
         self.idf = _idf(tf)
@@ -226,7 +235,7 @@ class SparseBM25:
         self.headings = None
         if self.heading_weight > 0 and heading_terms is not None:
             self.headings = self._heading_matrix(heading_terms, k1)
-        self.term_sequence = _joined(sequence)
+        self.term_sequence = _view(sequence, np.int32)  # shares the buffer: no copy
         self.unit_lengths = unit_lengths
         # Position in term_sequence of each unit's first term (each unit's terms, then -1).
         self.unit_starts = np.cumsum(unit_lengths + 1) - (unit_lengths + 1)
@@ -255,7 +264,8 @@ class SparseBM25:
         """
         if len(heading_terms) != self.n_units:
             raise ValueError(f"heading_terms: expected one entry per unit ({self.n_units}), got {len(heading_terms)}")
-        rows, cols, counts = [], [], []
+        # Flat buffers, not lists of Python ints (36 bytes an entry instead of 8 or 4).
+        rows, cols, counts = array.array("q"), array.array("q"), array.array("f")
         lengths = np.zeros(self.n_units, dtype=np.int64)
         for unit, terms in enumerate(heading_terms):
             ids = [self.vocab[t] for t in terms if t in self.vocab]
@@ -265,9 +275,9 @@ class SparseBM25:
                 cols.append(unit)
                 counts.append(count)
         tf = scipy.sparse.csr_matrix(
-            (np.asarray(counts, dtype=np.float32), (np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64))),
-            shape=(len(self.vocab), self.n_units),
+            (_view(counts, np.float32), (_view(rows, np.int64), _view(cols, np.int64))), shape=(len(self.vocab), self.n_units)
         )
+        del rows, cols, counts
         tf.sort_indices()
         avg = max(float(lengths[lengths > 0].mean()), 1.0) if lengths.any() else 1.0
         _bm25_weights(tf, self.idf, k1 * (1.0 - HEADING_B + HEADING_B * lengths / avg), k1)
@@ -320,15 +330,12 @@ class SparseBM25:
 # word the shorter ("Italy" against "Renaissance architecture in Italy") is the closer match.
 HEADING_B = 0.75
 # Ends each unit's terms in SparseBM25.term_sequence (never a term id).
-_UNIT_END = np.full(1, -1, dtype=np.int32)
+_UNIT_END = -1
 
 
-def _joined(pieces: list[np.ndarray]) -> np.ndarray:
-    """The concatenation of ``pieces``, emptying the list: its pieces are freed as soon as they
-    are copied, not after the caller is done."""
-    joined = np.concatenate(pieces)
-    pieces.clear()
-    return joined
+def _view(buffer: array.array, dtype) -> np.ndarray:
+    """``buffer``'s items as an array sharing its memory (an empty one for an empty buffer)."""
+    return np.frombuffer(buffer, dtype=dtype) if len(buffer) else np.zeros(0, dtype=dtype)
 
 
 def _idf(tf: scipy.sparse.csr_matrix) -> np.ndarray:
