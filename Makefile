@@ -93,6 +93,7 @@ eval: $(STAMP)
 bench: $(STAMP) $(QUERY_STAMP) $(VLLM_STAMP) $(CHROMIUM)
 	$(VPY) -m bench.agent_core
 	$(VPY) -m bench.retrieval
+	$(VPY) -m bench.rerank_cost --threads 1
 	$(VPY) -m bench.eval
 	$(VPY) -m bench.viewer
 	$(VPY) -m bench.train_cost
