@@ -3,7 +3,8 @@
 
     VERL_PLATFORM=cpu PYTHONPATH=. .venv-vllm/bin/python tests/verl_cpu_rl.py WORK_DIR [STEPS] [OVERRIDES ...]
 
-Driven by tests/test_verl_cpu_rl.py (2 steps, with checkpoints and a reward that varies). Each
+Driven by tests/test_verl_cpu_rl.py (2 steps, checkpoints, a reward that varies, the KL loss off
+for the zero-advantage drop). Each
 step line reports the measured optimizer-step count (``infmem/optimizer_steps``), the sync time
 and the rollout-vs-trainer gap, also written to WORK_DIR/records/steps.jsonl.
 
@@ -31,7 +32,9 @@ our agent loop and reward manager. What differs from a GPU run, and why:
 * ``actor.fsdp_config.use_torch_compile=false``: the engine's switch for verl's compiled
   log-prob/entropy functions (``actor.use_torch_compile`` does not reach the v1 engine);
 * Ray's workers at the driver's priority (``RAY_worker_niceness=0``; Ray's default starts them 15
-  nice levels below it, so beside any other busy process, such as other tests, they starve);
+  nice levels below it, a CFS weight of 15 against 110 for a process at the driver's nice 10, and
+  in the profiled baseline both ranks together got 0.6-1.1 of the 2 cores during the update; no
+  gain was measured from it alone on the SFT test at load 9-10);
 * 4,000-token documents (``infmem.bootstrap.doc_tokens``) written to WORK_DIR, checkpoints and
   records there too.
 OVERRIDES are appended (Hydra syntax).
@@ -39,6 +42,7 @@ OVERRIDES are appended (Hydra syntax).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 import time
@@ -48,15 +52,16 @@ REPO = Path(__file__).resolve().parents[1]
 ROLLOUT = "actor_rollout_ref.rollout"
 
 
-def answer_length_on_even_samples(record) -> float:
+def text_score_on_even_samples(record) -> float:
     """A test reward component (``infmem.reward.components``) that gives the random model's GRPO
-    groups both kinds of advantage: on samples of even ``extra_info.index``, the final response's
-    length in characters / 100 (sampled responses differ, so the group's advantages are non-zero);
-    on odd ones 0 for every member (the group's advantages are exactly zero). The built-in
-    components give a random model 0 everywhere, hence no gradient at all."""
+    groups both kinds of advantage: on samples of even ``extra_info.index``, a score in [0, 1)
+    drawn from the final response's text (its SHA-256), so two sampled responses score alike only
+    if they are the same text (a length, tried first, tied in some groups); on odd ones 0 for every
+    member (the group's advantages are exactly zero). The built-in components give a random model 0
+    everywhere, hence no gradient at all."""
     if int(record.extra_info.get("index", 1)) % 2:
         return 0.0
-    return len(record.solution_str) / 100
+    return int.from_bytes(hashlib.sha256(record.solution_str.encode()).digest()[:4], "big") / 2**32
 
 
 def non_uniform_model(work: Path) -> Path:
@@ -126,7 +131,7 @@ def main(work: Path, steps: int, extra: list[str]) -> None:
         config = compose("infmem_trainer", overrides=overrides(work.resolve(), model, steps) + extra)
     passed = ("VERL_PLATFORM", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
     env = {key: os.environ[key] for key in passed if key in os.environ}
-    # Reward components named by dotted path (answer_length_on_even_samples) import in the workers.
+    # Reward components named by dotted path (text_score_on_even_samples) import in the workers.
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests")])
     os.environ.setdefault("RAY_worker_niceness", "0")  # read by the raylet ray.init starts (module docstring)
     # Two logical GPU slots, one per rank; verl's bundles ask for CPUs beyond the machine's count.
