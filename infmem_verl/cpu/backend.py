@@ -235,25 +235,26 @@ def _select(config: DictConfig, count: GPUCount, dry_run: bool) -> Backend:
 
 
 # What verl's GPU path needs changed to run on a CPU, and why; apply_verl_cpu_backend sets these
-# over the recipe and the backend line names the ones it changed.
+# over the recipe and the backend line names the ones it changed (docs/experiments/
+# 2026-12-04-verl-cpu-rl.md has the figures). The reference model runs, and with it the KL loss:
+# verl_plugin/cpu_engine.py builds it without the pinned offload verl forces on forward-only models.
 VERL_CPU_SETTINGS = {
-    # No reference model: verl gives every forward-only FSDP2 model CPUOffloadPolicy(pin_memory=True),
-    # and pinning host memory needs an accelerator; so no KL loss or KL penalty.
-    "actor_rollout_ref.actor.use_kl_loss": False,
-    "algorithm.use_kl_in_reward": False,
-    # flash-attention is CUDA-only; verl's padding removal is not run on a CPU.
+    # flash-attention is CUDA-only.
     "actor_rollout_ref.model.use_remove_padding": False,
     "actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
-    # sdpa on a CPU computes a padded micro-batch's whole rows x longest^2 masked attention but only
-    # the causal half of one unpadded row: one row a micro-batch cut the update of a 2-rank smoke
-    # step from 35 to 9 s and its old log-probs from 19 to 2.3 s (2026-12-04-verl-cpu-rl.md).
+    # One row a micro-batch: sdpa on a CPU computes a padded micro-batch's whole rows x longest^2
+    # masked attention but only the causal half of one unpadded row. Against verl's dynamic batches
+    # of 8,192 tokens: old log-probs 11.5 -> 2.6 s, update 12.3 -> 8.3 s on a 2-rank smoke step.
     "actor_rollout_ref.actor.use_dynamic_bsz": False,
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 1,
     "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": False,
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 1,
-    # Inductor's C++ compile of verl's log-prob/entropy functions cost ~45 s of a first step on 2
-    # cores (the engine's switch: actor.use_torch_compile does not reach verl's v1 engine).
+    "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": False,
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 1,
+    # verl's engine compiles its log-prob/entropy functions by default (this switch, not
+    # actor.use_torch_compile, reaches the v1 engine); on a CPU that is inductor's C++ compile.
     "actor_rollout_ref.actor.fsdp_config.use_torch_compile": False,
+    "actor_rollout_ref.ref.fsdp_config.use_torch_compile": False,
     # vLLM's CPU build: float32, no CUDA graphs, no sleep mode.
     "actor_rollout_ref.rollout.dtype": "float32",
     "actor_rollout_ref.rollout.enforce_eager": True,
