@@ -427,7 +427,7 @@ def run(tmp_path_factory) -> Run:
 
 
 STEP_LINE = (
-    r"\[infmem cpu\] step {step}/2 \| reward \d\.\d{{3}} \(outcome \d\.\d{{3}}, early_stop \d\.\d{{3}}, "
+    r"\[infmem\] step {step}/2 \| reward \d\.\d{{3}} \(outcome \d\.\d{{3}}, early_stop \d\.\d{{3}}, "
     r"protocol \d\.\d{{3}}, letters \d\.\d{{3}}\) \| acc \d\.\d{{3}} \| chunks read 2\.0/2\.0 \| stopped \d/2 at step \S+ \| "
     r"llm calls \d+\.\d/traj \| optimizer steps 2 \| loss \S+ \(pg \S+\) \| grad norm \S+ \| "
     r"rollout-vs-engine prob diff \S+ \| \d+\.\ds"
@@ -440,7 +440,7 @@ def test_the_smoke_recipe_builds_what_it_lacks_prints_its_steps_and_ctrl_c_stops
     assert "[infmem] data.train_files: wrote 4 synthetic two-hop questions" in first
     assert "[infmem] backend: cpu (no GPU in this machine)" in first
     assert re.search(STEP_LINE.format(step=1), first) and re.search(STEP_LINE.format(step=2), run.second_output)
-    assert re.search(r"\[infmem cpu\] validation \| reward \S+ \| acc \S+ \| chunks_read 2\.000", run.second_output)
+    assert re.search(r"\[infmem\] validation \| reward \S+ \| acc \S+ \| chunks_read 2\.000", run.second_output)
     for actor in ("TaskRunnerV1", "CPUGenerationServer", "AgentLoopWorkerTQ", "RewardLoopWorker"):
         assert actor in run.actors
     assert "[infmem] interrupted: stopping the Ray workers this run started" in first
