@@ -415,6 +415,9 @@ def build_sft(
     """Write the SFT parquet(s) from the kept records' turns, all or nothing (module docstring).
 
     ``turns`` is streamed: only the latest records (light, without token ids) are in memory.
+    Trajectories are written in sample order (``sample_id``, then repeat), not in the order the
+    teacher's concurrent rollouts finished and stored them, so one distillation gives one SFT
+    file whatever its timing (SFT shuffles it with its own seed).
     """
     paths = sft_paths(cfg.out)
     splits = ["train", "val"] if cfg.val_fraction > 0 else ["train"]
@@ -426,11 +429,12 @@ def build_sft(
     with atomic_outputs([paths[split] for split in splits]) as temps:
         writers = {split: SFTWriter(temps[paths[split]], tokenizer, thinking) for split in splits}
         try:
-            for where, entry in turns.entries():
-                # Lines of superseded or unfinished runs are not referenced by a latest record.
-                record = wanted.pop(entry.get("ref") if isinstance(entry, dict) else None, None)
-                if record is None:
-                    continue
+            # Lines of superseded or unfinished runs are not referenced by a latest record.
+            located = turns.locate(wanted)
+            for ref in sorted(located, key=lambda ref: (wanted[ref]["sample_id"], wanted[ref].get("repeat", 0))):
+                record = wanted.pop(ref)
+                where, offset = located[ref]
+                entry = turns.read_at(where, offset)
                 try:
                     trajectory = read_turns(entry, record.get("num_turns"), agent, f"sample {record['sample_id']!r} ({where})")
                 except RecordError as err:

@@ -225,6 +225,19 @@ def test_bad_training_row_and_records_with_missing_turns_are_dropped_with_reason
     assert {r["sample_id"] for r in rows(sft_paths(out)["train"])} == {s.id for s in samples} - {samples[1].id, kept["sample_id"]}
 
 
+def test_the_sft_file_follows_sample_order_not_the_order_rollouts_finished(tokenizer, samples, train_file, tmp_path):
+    asyncio.run(distill(config(tmp_path, train_file), scripted_teacher(tokenizer, samples)))
+    first = rows(sft_paths(tmp_path)["train"])
+    assert [r["sample_id"] for r in first] == sorted(r["sample_id"] for r in first)
+    # The same trajectories stored in the other order (as concurrent rollouts may finish them):
+    # the same file, row for row.
+    for name in ("turns.jsonl", "results.jsonl"):
+        lines = (tmp_path / name).read_text().splitlines()
+        (tmp_path / name).write_text("\n".join(reversed(lines)) + "\n")
+    asyncio.run(distill(config(tmp_path, train_file, run_teacher=False)))
+    assert rows(sft_paths(tmp_path)["train"]) == first
+
+
 def test_a_second_run_resumes_and_redoes_nothing(tokenizer, samples, train_file, tmp_path):
     first = scripted_teacher(tokenizer, samples)
     asyncio.run(distill(config(tmp_path, train_file, samples=2), first))

@@ -29,7 +29,7 @@ import os
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Container, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -152,6 +152,34 @@ class TurnStore:
         """Write one trajectory's turns durably, as a single line, under reference ``ref``."""
         entry = {"ref": ref, "sample_id": sample_id, "turns": [turn.to_json() for turn in turns]}
         append_line(self.path, json.dumps(entry))
+
+    def locate(self, refs: Container[str]) -> dict[str, tuple[str, int]]:
+        """``ref -> (where, byte offset)`` of the line holding each of ``refs`` (a later line of a
+        ref wins); lines that are not JSON or hold other references are passed over."""
+        found: dict[str, tuple[str, int]] = {}
+        if not self.path.is_file():
+            return found
+        offset = 0
+        with self.path.open("rb") as handle:
+            for number, line in enumerate(handle, start=1):
+                try:
+                    ref = json.loads(line).get("ref")
+                except (ValueError, AttributeError):
+                    ref = None
+                if isinstance(ref, str) and ref in refs:
+                    found[ref] = (f"{self.path.name}:{number}", offset)
+                offset += len(line)
+        return found
+
+    def read_at(self, where: str, offset: int) -> object:
+        """The entry of the line at byte ``offset`` (from :meth:`locate`), decoded."""
+        with self.path.open("rb") as handle:
+            handle.seek(offset)
+            line = handle.readline()
+        try:
+            return json.loads(line)
+        except ValueError as err:
+            return f"{where}: not JSON ({err})"
 
     def entries(self) -> Iterator[tuple[str, object]]:
         """``(where, entry)`` for every line, decoded; a line that is not JSON comes as a string."""
