@@ -86,12 +86,13 @@ def alive_nodes(jobs: str) -> list:
 
 
 @contextmanager
-def ray_cluster(root: Path, head_cpus: int, worker_cpus: int | None = None) -> Iterator[Cluster]:
+def ray_cluster(root: Path, head_cpus: int, worker_cpus: int | None = None, head_gpus: int = 0) -> Iterator[Cluster]:
     """A head and (with ``worker_cpus``) a second node on loopback, each a real `ray start --block`
     started by the repo's scripts in its own process group, with its own session folder and
     dashboard-agent port (Ray's default, 52365, is taken by whichever Ray started first on this
     machine, and a job server without its agent takes no job); stopped (and every process of
-    theirs gone) on exit.
+    theirs gone) on exit. ``head_gpus``: logical GPUs the head declares (Ray counts and places them;
+    nothing here uses a device).
 
     Not `ray stop`: it kills every Ray process of the machine by name, other runs' included."""
     port, dashboard = free_port(), free_port()
@@ -102,17 +103,17 @@ def ray_cluster(root: Path, head_cpus: int, worker_cpus: int | None = None) -> I
     nodes: list[subprocess.Popen] = []
 
     def start(script: str, *args: str, log: Path) -> None:
-        command = ["bash", str(REPO / "recipes" / script), "--node-ip", "127.0.0.1", "--num-gpus", "0", *args, "--block"]
+        command = ["bash", str(REPO / "recipes" / script), "--node-ip", "127.0.0.1", *args, "--block"]
         with log.open("w") as out:
             nodes.append(subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
 
     try:
         start("ray_head.sh", "--port", str(port), "--dashboard-port", str(dashboard), "--num-cpus", str(head_cpus),
-              "--temp-dir", str(head_dir), "--agent-port", str(free_port()), log=root / "head.log")  # fmt: skip
+              "--num-gpus", str(head_gpus), "--temp-dir", str(head_dir), "--agent-port", str(free_port()), log=root / "head.log")  # fmt: skip
         _wait(lambda: (head_dir / "ray_current_cluster").is_file(), 180, "the Ray head", root / "head.log")
         if worker_cpus is not None:
             cluster.temp_dirs.append(worker_dir)
-            start("ray_worker.sh", "--address", cluster.gcs, "--num-cpus", str(worker_cpus), "--temp-dir",
+            start("ray_worker.sh", "--address", cluster.gcs, "--num-cpus", str(worker_cpus), "--num-gpus", "0", "--temp-dir",
                   str(worker_dir), "--agent-port", str(free_port()), log=root / "worker.log")  # fmt: skip
         nodes_up = len(cluster.temp_dirs)
         _wait(lambda: len(alive_nodes(cluster.jobs)) == nodes_up, 180, "the nodes", root / "head.log")

@@ -328,12 +328,28 @@ for override in ("trainer.save_freq=50", "trainer.default_local_dir=/shared/ckpt
         print(json.dumps({"dir": config.trainer.default_local_dir}))
     except ConfigError as error:
         print(json.dumps({"error": str(error)}))
+# The GPU recipe's check, where a Ray job's entrypoint runs it: on the cluster it joins (the head
+# declares 8 GPUs; the entrypoint itself is given none), then verl's run_ppo joins it once more.
+import os, ray
+from infmem_verl.cpu.backend import select_backend
+for override in ("trainer.nnodes=1", "trainer.nnodes=2"):
+    with initialize_config_dir(str(conf_dir()), version_base=None):
+        config = compose("infmem_trainer", overrides=["+recipe=infmem_4b", override])
+    try:
+        backend = select_backend(config)
+        print(json.dumps({"gpus": backend.gpus, "message": backend.message, "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}))
+    except ConfigError as error:
+        print(json.dumps({"error": str(error)}))
+ray.init(logging_level="ERROR", log_to_driver=False)
+print(json.dumps({"rejoined_gpus": ray.cluster_resources().get("GPU", 0)}))
 """
 
 
-def test_a_relative_checkpoint_folder_is_refused_in_a_ray_job(tmp_path, token_auth):
+def test_checks_in_a_ray_job_relative_checkpoint_folders_refused_and_gpus_counted_on_the_cluster(tmp_path, token_auth):
     """A real Ray job (job server, uploaded working directory): the entrypoint sees Ray's job
-    environment, and a relative folder of a run that saves is refused before anything starts."""
+    environment, a relative folder of a run that saves is refused before anything starts, and the
+    GPU recipe's GPUs are counted on the cluster the job runs on (the entrypoint has no GPU of its
+    own), after which verl's own ``ray.init`` joins that cluster again."""
     import json
     import shutil
     import tempfile
@@ -347,7 +363,7 @@ def test_a_relative_checkpoint_folder_is_refused_in_a_ray_job(tmp_path, token_au
     # Ray of the suite may hold); its session folder short, for Ray's Unix socket paths.
     ray_root = Path(tempfile.mkdtemp(prefix="infmem-ray-", dir="/tmp"))
     try:
-        with ray_cluster(ray_root, head_cpus=1) as cluster:
+        with ray_cluster(ray_root, head_cpus=1, head_gpus=8) as cluster:
             client = JobSubmissionClient(cluster.jobs)
             env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
             runtime_env = {"working_dir": str(tmp_path / "upload"), "env_vars": env}
@@ -360,13 +376,20 @@ def test_a_relative_checkpoint_folder_is_refused_in_a_ray_job(tmp_path, token_au
             assert status == JobStatus.SUCCEEDED, logs[-3000:]
     finally:
         shutil.rmtree(ray_root, ignore_errors=True)
-    relative, absolute, not_saving = (json.loads(line) for line in logs.strip().splitlines() if line.startswith("{"))
+    relative, absolute, not_saving, joined, too_small, rejoined = (
+        json.loads(line) for line in logs.strip().splitlines() if line.startswith("{")
+    )
     assert relative["error"].startswith(
         f"trainer.default_local_dir: 'checkpoints/infmem_verl/smoke' is relative, and this is the entrypoint of Ray job {job}"
     )
     assert "recipes/submit.sh --shared DIR" in relative["error"]
     assert absolute == {"dir": "/shared/ckpt"}
     assert not_saving["dir"].endswith("/checkpoints/infmem_verl/smoke")  # nothing saved or resumed: allowed
+    # RAY_ADDRESS as Ray's job supervisor set it for the entrypoint
+    assert joined["gpus"] == 8 and "on 8 of the 8 GPU(s) of the Ray cluster at " in joined["message"], joined
+    assert "[infmem] Ray cluster: 1 alive node(s), CPU=1, GPU=8 in all" in joined["message"], joined
+    assert "needs 2 x 8 = 16 GPUs and the Ray cluster at " in too_small["error"] and too_small["error"].endswith(" has 8")
+    assert rejoined == {"rejoined_gpus": 8}
 
 
 def test_an_unreadable_document_store_is_named_with_the_node(tmp_path):
