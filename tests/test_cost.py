@@ -34,6 +34,9 @@ from infmem_verl.main import prepare_config
 from infmem_verl.settings import TrainSettings, agent_settings, cost_settings
 
 
+RANKS = 2  # data-parallel ranks of the zero-advantage drop's gradient check
+
+
 def make_config(*overrides: str):
     with initialize_config_dir(str(conf_dir()), version_base=None):
         return compose("infmem_trainer", overrides=list(overrides))
@@ -263,24 +266,34 @@ def _log_probs(model, prompt: torch.Tensor, response: torch.Tensor) -> torch.Ten
     return torch.cat([scores.new_zeros(len(prompt) - 1), scores, scores.new_zeros(1)])
 
 
-def _gradient(model, actor, rows, advantages: list[torch.Tensor]) -> torch.Tensor:
-    """The gradient of verl's ``ppo_loss`` over ``rows`` as one mini-batch (normalised over it)."""
+def _gradient(model, actor, rows, advantages: list[torch.Tensor], ranks: int) -> torch.Tensor:
+    """The gradient of verl's ``ppo_loss`` over ``rows`` as one mini-batch (normalised over it),
+    dealt round-robin to ``ranks`` data-parallel ranks as verl's FSDP engine trains them: each rank
+    scales its loss by ``dp_size`` over the mini-batch's token count summed over all ranks (the
+    all-reduce in ``forward_backward_batch``, verl/workers/engine/fsdp/transformer_impl.py), and
+    the ranks' gradients are averaged (FSDP's gradient reduction)."""
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.losses import ppo_loss
 
-    model.zero_grad(set_to_none=True)
     tokens = int(sum(int(r["response_mask"].sum()) for r in rows))
-    for row, advantage in zip(rows, advantages, strict=True):
-        fields = {**row, "advantages": advantage}
-        data = TensorDict({k: v.unsqueeze(0) for k, v in fields.items()}, batch_size=1)
-        data["attention_mask"] = torch.ones(1, len(row["prompts"]) + len(row["responses"]), dtype=torch.long)
-        tu.assign_non_tensor(data, dp_size=1, batch_num_tokens=tokens, global_batch_size=len(rows))
-        output = {"log_probs": _log_probs(model, row["prompts"], row["responses"])}
-        loss, _ = ppo_loss(config=actor, model_output=output, data=data)
-        loss.backward()
-    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    per_rank = []
+    for rank in range(ranks):
+        model.zero_grad(set_to_none=True)
+        for row, advantage in list(zip(rows, advantages, strict=True))[rank::ranks]:
+            fields = {**row, "advantages": advantage}
+            data = TensorDict({k: v.unsqueeze(0) for k, v in fields.items()}, batch_size=1)
+            data["attention_mask"] = torch.ones(1, len(row["prompts"]) + len(row["responses"]), dtype=torch.long)
+            tu.assign_non_tensor(data, dp_size=ranks, batch_num_tokens=tokens, global_batch_size=len(rows))
+            output = {"log_probs": _log_probs(model, row["prompts"], row["responses"])}
+            loss, _ = ppo_loss(config=actor, model_output=output, data=data)
+            loss.backward()
+        per_rank.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    return torch.stack(per_rank).mean(dim=0)
 
 
+# Checked at 2 data-parallel ranks, where the full batch and the kept rows are dealt to the ranks
+# differently (rows 0, 2, 4 | 1, 3, 5 against 0, 4 | 1, 5), as verl's balancing of the kept rows
+# deals them anew; one rank (the CPU backend's engine) is the same sum without the partition.
 @pytest.mark.parametrize("normalization", ["token_mean", "trajectory"])
 def test_dropping_zero_advantage_rows_keeps_the_gradient(tiny_model_dir, tokenizer, normalization):
     from transformers import AutoModelForCausalLM
@@ -314,16 +327,16 @@ def test_dropping_zero_advantage_rows_keeps_the_gradient(tiny_model_dir, tokeniz
     shaped = shape_advantages(keys, advantages, masks, [None] * len(keys), TrainSettings(loss_normalization=normalization))
     per_row = [shaped[i, : len(row["responses"])] for i, row in enumerate(rows)]
 
-    full = _gradient(model, actor, rows, per_row)
+    full = _gradient(model, actor, rows, per_row, RANKS)
     zero = zero_advantage_rows(shaped, masks).tolist()
     assert zero == [False, False, True, True, False, False]
     kept = [i for i, z in enumerate(zero) if not z]
     tokens = masks.sum(dim=1)
     scale = kept_loss_scale(actor.loss_agg_mode, int(tokens[kept].sum()), int(tokens.sum()))
-    dropped = _gradient(model, actor, [rows[i] for i in kept], [per_row[i] * scale for i in kept])
+    dropped = _gradient(model, actor, [rows[i] for i in kept], [per_row[i] * scale for i in kept], RANKS)
     assert full.abs().max() > 0
     torch.testing.assert_close(dropped, full, rtol=1e-5, atol=1e-7)
-    unscaled = _gradient(model, actor, [rows[i] for i in kept], [per_row[i] for i in kept])
+    unscaled = _gradient(model, actor, [rows[i] for i in kept], [per_row[i] for i in kept], RANKS)
     assert not torch.allclose(unscaled, full, rtol=1e-3)  # the normalisation is what the scale keeps
 
 

@@ -1,10 +1,11 @@
 """RL steps of InfMem on verl's own workers on a CPU: verl's ``ActorRolloutRefWorker`` (FSDP2) on
 2 gloo ranks, two hybrid vLLM replicas on vLLM's CPU build, verl's weight sync after each update.
 
-    PYTHONPATH=. .venv-vllm/bin/python tests/verl_cpu_rl.py WORK_DIR [STEPS] [OVERRIDES ...]
+    PYTHONPATH=. .venv-vllm/bin/python tests/verl_cpu_rl.py WORK_DIR [STEPS] [--model-seed N] [OVERRIDES ...]
 
-Driven by tests/test_verl_cpu_rl.py (2 steps, checkpoints, a reward that varies, the KL loss off
-for the zero-advantage drop). Each step line reports the measured optimizer-step count
+Driven by tests/test_verl_cpu_rl.py (2 steps over two launches, the first killed after its save of
+step 1, the second resuming; checkpoints, a reward that varies, the KL loss off for the
+zero-advantage drop). Each step line reports the measured optimizer-step count
 (``infmem/optimizer_steps``), the sync time and the rollout-vs-trainer gap, also written to
 WORK_DIR/records/steps.jsonl.
 
@@ -15,9 +16,10 @@ reference model on, as in the GPU recipes), trainer mode ``infmem_sync``, our ag
 reward manager. What this script adds:
 
 * the model is the recipe's tiny Qwen3 over the 4,096-token small vocabulary re-initialised at
-  initializer range 0.3 (WORK_DIR/model): at the default 0.02 its next-token distribution is near
-  uniform (log-perplexity 8.31 against ln 4096 = 8.32), so no log-prob check could tell one set of
-  weights from another;
+  initializer range 0.3 from seed 0 (WORK_DIR/model; ``--model-seed N``: from seed N, in
+  WORK_DIR/model_seed_N): at the default 0.02 its next-token distribution is near uniform
+  (log-perplexity 8.31 against ln 4096 = 8.32), so no log-prob check could tell one set of weights
+  from another;
 * data, records and checkpoints under WORK_DIR, no validation, console logging only;
 * ``tests/`` on the workers' path, so a test reward component named by dotted path
   (:func:`text_score_on_even_samples`) imports there.
@@ -26,9 +28,9 @@ OVERRIDES are appended (Hydra syntax).
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -47,9 +49,9 @@ def text_score_on_even_samples(record) -> float:
     return int.from_bytes(hashlib.sha256(record.solution_str.encode()).digest()[:4], "big") / 2**32
 
 
-def non_uniform_model(work: Path) -> Path:
-    """The tiny small-vocabulary Qwen3 re-initialised at initializer range 0.3 (the server test's
-    ``random_model``), saved with its tokenizer to WORK_DIR/model (see the module docstring)."""
+def non_uniform_model(work: Path, seed: int) -> Path:
+    """The tiny small-vocabulary Qwen3 re-initialised at initializer range 0.3 from ``seed`` (the
+    server test's ``random_model``), saved with its tokenizer (see the module docstring)."""
     from transformers import AutoTokenizer
     from verl_vllm_server import random_model
 
@@ -57,8 +59,8 @@ def non_uniform_model(work: Path) -> Path:
     from infmem_verl.small_vocab import small_vocab_dir
 
     source = tiny_qwen3_dir(tokenizer_dir=small_vocab_dir(4096))
-    target = work / "model"
-    random_model(source, seed=0).save_pretrained(target)
+    target = work / ("model" if seed == 0 else f"model_seed_{seed}")
+    random_model(source, seed=seed).save_pretrained(target)
     AutoTokenizer.from_pretrained(source).save_pretrained(target)
     return target
 
@@ -78,7 +80,7 @@ def overrides(work: Path, model: Path, steps: int) -> list[str]:
     ]
 
 
-def main(work: Path, steps: int, extra: list[str]) -> None:
+def main(work: Path, steps: int, extra: list[str], model_seed: int = 0) -> None:
     started = time.monotonic()
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
@@ -87,7 +89,7 @@ def main(work: Path, steps: int, extra: list[str]) -> None:
     from infmem_verl.main import run
 
     work.mkdir(parents=True, exist_ok=True)
-    model = non_uniform_model(work)
+    model = non_uniform_model(work, model_seed)
     with initialize_config_dir(str(conf_dir()), version_base=None):
         config = compose("infmem_trainer", overrides=overrides(work.resolve(), model, steps) + extra)
     path = {"PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
@@ -99,4 +101,9 @@ def main(work: Path, steps: int, extra: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 1, sys.argv[3:])
+    parser = argparse.ArgumentParser(description="RL steps of InfMem on verl's own workers on a CPU")
+    parser.add_argument("work", type=Path)
+    parser.add_argument("steps", type=int, nargs="?", default=1)
+    parser.add_argument("--model-seed", type=int, default=0)
+    args, hydra_overrides = parser.parse_known_args()
+    main(args.work, args.steps, hydra_overrides, args.model_seed)
