@@ -51,6 +51,12 @@ class Backend:
     message: str
 
 
+def trainer_ranks(config: DictConfig) -> int:
+    """The ranks a run's trainer spans, ``trainer.nnodes * trainer.n_gpus_per_node``: the GPUs a
+    GPU run needs, the gloo ranks (logical GPU slots) of a verl-cpu run."""
+    return int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
+
+
 def visible_gpus() -> int:
     """CUDA devices torch can use here (0 without a GPU or a CUDA build)."""
     import torch
@@ -180,7 +186,7 @@ def select_backend(config: DictConfig, gpus: GPUCount | None = None, dry_run: bo
 
 def _select(config: DictConfig, count: GPUCount, dry_run: bool) -> Backend:
     trainer = config.trainer
-    needed = int(trainer.n_gpus_per_node) * int(trainer.nnodes)
+    needed = trainer_ranks(config)
     choice = choose_backend(
         config,
         "infmem.backend",
@@ -321,8 +327,7 @@ def apply_verl_cpu_backend(config: DictConfig) -> list[str]:
             if old != value:
                 OmegaConf.update(config, key, value, force_add=True)
                 changed.append(f"{key}: {old} -> {value}")
-        ranks = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
-        config.ray_kwargs.ray_init = OmegaConf.merge(config.ray_kwargs.ray_init, cpu_ray_init(ranks))
+        config.ray_kwargs.ray_init = OmegaConf.merge(config.ray_kwargs.ray_init, cpu_ray_init(trainer_ranks(config)))
     return changed
 
 

@@ -44,6 +44,7 @@ from infmem_verl.cpu.backend import (
     choose_backend,
     cpu_ray_init,
     select_cpu_platform,
+    trainer_ranks,
 )
 
 from .samples import TOKEN_COLUMNS, TokenizerStamp, check_columns, longest_sample, read_stamp
@@ -254,7 +255,7 @@ def train_on_verl_cpu(config: DictConfig):
     with open_dict(config):
         config.trainer.device = "cpu"
         config.model.override_config.setdefault("attn_implementation", "sdpa")
-    ray.init(**cpu_ray_init(int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)))
+    ray.init(**cpu_ray_init(trainer_ranks(config)))
 
     trainer = SFTTrainer(config=config)
     trainer.fit()
