@@ -25,9 +25,9 @@ measured and saved:
 Not checked here, and why: the reference model and the KL loss (the zero-advantage drop refuses
 rows that carry a KL term, and verl builds no reference model at KL weight 0; a launch with the KL
 loss, through infmem_verl/verl_plugin/cpu_engine.py, is in the experiment log); MemAgent by
-override (another launch: about 2-2.5 min of start-up on 2 cores before its first step); "the
+override (a third launch, 178 s for 1 step at load 5-11, run by hand: it trains); "the
 drop gives the same gradient as without" on these workers (verl's update cannot replay a batch,
-and two launches sample different rollouts: tests/test_cost.py checks it on verl's ``ppo_loss``
+and two launches would sample their own rollouts: tests/test_cost.py checks it on verl's ``ppo_loss``
 with the rows dealt to 2 ranks as verl's engine normalises and FSDP averages them).
 See docs/experiments/2026-12-04-verl-cpu-rl.md.
 """
