@@ -7,21 +7,24 @@ one table and asserts nothing.
 A cold query is one whose candidates are all new to the document's embedding cache: MiniLM then
 embeds every one of them. Its cost is linear in the word pieces it reads, so the levers are the
 ways to read fewer: fewer candidates (``retrieval.rerank_candidates``), only each unit's first
-windows (``rerank_windows``), shorter windows (``rerank_window_tokens``), the static stage
-(:mod:`infmem_verl.agent.static_embed`, the whole document embedded once) choosing which of
-BM25's candidates MiniLM reads, and one pass for the pending queries of the n rollouts instead of
-one each.
+windows (``rerank_windows``), shorter windows (``rerank_window_tokens``: 64, 48 and 32 pieces),
+the static stage (:mod:`infmem_verl.agent.static_embed`, the whole document embedded once)
+choosing which of BM25's candidates MiniLM reads, and one pass for the pending queries of the n
+rollouts instead of one each; or to read them for less: MiniLM with int8 Linear layers
+(dynamic quantization, weights per channel) instead of the stage's bfloat16.
 
 One haystack per set, as ``bench.retrieval`` builds its real-question haystacks (the seed's
 draw at 1M tokens, ``--questions`` queries). Recall of every lever comes from one embedding pass:
-every window of every unit in some query's top 50, plus the first short window of each, embedded
-as the stage embeds them (bfloat16 where native); each lever then ranks exactly as
-``BM25Index.search`` would (score fusion over its pool at the default weight). The cold cost of
-each lever is measured on its own, on ``--cold`` queries: a fresh ``UnitEmbeddings`` embeds the
-lever's candidates and the query, in process CPU seconds (all threads), word pieces beside it.
+every window of every unit in some query's top 50, plus each one's first window at every shorter
+length and precision a lever reads, embedded as the stage embeds them; each lever then ranks
+exactly as ``BM25Index.search`` would (score fusion over its pool at the default weight). The
+cold cost of each lever is measured on its own, on ``--cold`` queries: a fresh
+``UnitEmbeddings`` embeds the lever's candidates and the query, in process CPU seconds (all
+threads) and wall seconds, word pieces beside it; ``--levers`` runs only the levers named.
 Last, the retriever's defaults at 1M (``RetrievalConfig()``: rerank "auto") run through
 ``BM25Index.search`` over every query in order, the embedding cache shared as rollouts share it:
-its recall@4 and its CPU per query, where later queries reuse earlier ones' candidates.
+its recall@4 and its CPU per query, where later queries reuse earlier ones' candidates
+(``--precision int8``: that run with MiniLM's int8 Linear layers instead of the stage's own).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import dataclasses
 import os
 import random
 import time
+import typing
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -38,7 +42,7 @@ import numpy as np
 
 from bench.retrieval import REAL_SETS, SEED, Clock, LengthPlan, article_token_counts, real_document, real_queries
 from infmem_verl.agent.config import DocumentConfig, RetrievalConfig
-from infmem_verl.agent.rerank import UnitEmbeddings, embed, fuse, window_encoding
+from infmem_verl.agent.rerank import WINDOW_TOKENS, Precision, UnitEmbeddings, _encode, _encoder, embed, fuse, window_encoding
 from infmem_verl.agent.retrieval import BM25Index, Hit
 from infmem_verl.assets import load_tokenizer, wiki_paragraphs
 
@@ -51,13 +55,21 @@ ROLLOUTS = 4  # queries batched into one pass (the RL recipes' n)
 class Lever:
     """One way to run the dense stage: BM25's best ``candidates``; of them, with ``prefilter`` >
     0, only the static stage's best ``prefilter`` go to MiniLM; each unit's first ``windows``
-    windows (0: all) of ``window_tokens`` pieces."""
+    windows (0: all) of ``window_tokens`` pieces; MiniLM at the ``precision`` of
+    :func:`~infmem_verl.agent.rerank._encoder` ("auto": as the stage runs it)."""
 
     name: str
     candidates: int = POOL
     windows: int = 0
     window_tokens: int = 128
     prefilter: int = 0
+    precision: Precision = "auto"
+
+    @property
+    def vectors_key(self) -> tuple[int, int, str]:
+        """Which embedding pass the lever's recall reads: every 128-piece window (levers that keep
+        the first of them slice it), or each unit's first window of a shorter length."""
+        return self.window_tokens, 0 if self.window_tokens == WINDOW_TOKENS else 1, self.precision
 
 
 LEVERS = (
@@ -71,6 +83,13 @@ LEVERS = (
     Lever("top 30, first 64-piece window", candidates=30, windows=1, window_tokens=SHORT_WINDOW),
     Lever("top 20, first 64-piece window", candidates=20, windows=1, window_tokens=SHORT_WINDOW),
     Lever("top 10, first 64-piece window", candidates=10, windows=1, window_tokens=SHORT_WINDOW),
+    Lever("top 30, first 64-piece window, int8 Linear layers", candidates=30, windows=1, window_tokens=SHORT_WINDOW, precision="int8"),
+    Lever("top 50, first 48-piece window", windows=1, window_tokens=48),
+    Lever("top 40, first 48-piece window", candidates=40, windows=1, window_tokens=48),
+    Lever("top 30, first 48-piece window", candidates=30, windows=1, window_tokens=48),
+    Lever("top 50, first 32-piece window", windows=1, window_tokens=32),
+    Lever("top 40, first 32-piece window", candidates=40, windows=1, window_tokens=32),
+    Lever("top 30, first 32-piece window", candidates=30, windows=1, window_tokens=32),
     Lever("top 50, static stage keeps 20", prefilter=20),
     Lever("top 50, static stage keeps 10", prefilter=10),
     Lever("top 50, static keeps 20, first 64-piece window", prefilter=20, windows=1, window_tokens=SHORT_WINDOW),
@@ -100,15 +119,13 @@ class Windows:
     pieces: dict[int, np.ndarray] = dataclasses.field(default_factory=dict)
     cpu: float = 0.0
 
-    def add(self, units: Sequence[int], texts: Sequence[str], window_tokens: int, max_windows: int) -> None:
+    def add(self, units: Sequence[int], texts: Sequence[str], window_tokens: int, max_windows: int, model=None) -> None:
         """Embed ``texts`` (of ``units``) as the stage would, batch by batch, timing the passes."""
-        from infmem_verl.agent.rerank import _encode
-
         for start in range(0, len(units), 256):
             encoding, owner = window_encoding(texts[start : start + 256], window_tokens, max_windows)
             pieces = encoding["attention_mask"].sum(1).numpy()
             cpu = time.process_time()
-            vectors = _encode(encoding)
+            vectors = _encode(encoding, model)
             self.cpu += time.process_time() - cpu
             for i, unit in enumerate(units[start : start + 256]):
                 self.vectors[unit] = vectors[owner == i]
@@ -138,7 +155,8 @@ def choose(lever: Lever, pool: list[Hit], static_sims: np.ndarray | None) -> tup
 
 
 def recall_at_4(lever: Lever, hay: Haystack, windows: Windows, queries: np.ndarray, static: list[np.ndarray]) -> float:
-    """Recall@4 of ``lever``, ranking as ``BM25Index.search`` does, from precomputed vectors."""
+    """Recall@4 of ``lever``, ranking as ``BM25Index.search`` does, from precomputed vectors
+    (``windows`` and ``queries`` embedded at the lever's precision)."""
     weight = RetrievalConfig().fusion_weight
     hits = 0
     for i, pool in enumerate(hay.pools):
@@ -152,18 +170,22 @@ def recall_at_4(lever: Lever, hay: Haystack, windows: Windows, queries: np.ndarr
     return hits / len(hay.pools)
 
 
-def cold_cost(lever: Lever, hay: Haystack, static: list[np.ndarray], n: int) -> tuple[float, float]:
-    """Mean process CPU seconds and word pieces of a query whose candidates are all new."""
-    cpu, pieces = 0.0, 0
+def cold_cost(lever: Lever, hay: Haystack, static: list[np.ndarray], n: int) -> tuple[float, float, float]:
+    """Mean process CPU seconds, wall seconds and word pieces of a query whose candidates are
+    all new."""
+    cpu = wall = 0.0
+    pieces = 0
+    model = _encoder(lever.precision)
     for i in range(n):
         units, _ = choose(lever, hay.pools[i], static[i])
         encoding, _ = window_encoding([hay.units[u] for u in units], lever.window_tokens, lever.windows)
         pieces += int(encoding["attention_mask"].sum())
-        fresh = UnitEmbeddings(hay.units, lever.window_tokens, lever.windows)
+        fresh = UnitEmbeddings(hay.units, lever.window_tokens, lever.windows, model)
         with Clock() as clock:
             fresh.similarities(hay.queries[i], units)
         cpu += clock.cpu
-    return cpu / n, pieces / n
+        wall += clock.wall
+    return cpu / n, wall / n, pieces / n
 
 
 def batched_cost(hay: Haystack, n: int, candidates: int = 20) -> tuple[float, float]:
@@ -189,11 +211,14 @@ def batched_cost(hay: Haystack, n: int, candidates: int = 20) -> tuple[float, fl
     return one / count, each / count
 
 
-def defaults_in_order(hay: Haystack, cfg: RetrievalConfig) -> tuple[float, float, int]:
+def defaults_in_order(hay: Haystack, cfg: RetrievalConfig, precision: Precision = "auto") -> tuple[float, float, int]:
     """Recall@4, CPU seconds per query and units embedded of ``cfg`` (the defaults, unless
-    ``--set``) through ``BM25Index.search``, every query in order over one shared cache."""
+    ``--set``) through ``BM25Index.search``, every query in order over one shared cache, MiniLM
+    at ``precision``."""
     index = BM25Index.of_document(hay.doc, cfg, hay.units)
     assert index.rerank, "the defaults rerank at 1M tokens"
+    if precision != "auto":  # the index's own cache, created before its first search would
+        index._embeddings = UnitEmbeddings(hay.units, cfg.rerank_window_tokens, cfg.rerank_windows, _encoder(precision))
     with Clock() as clock:
         tops = [np.array([h.unit for h in index.search(q, 4)], dtype=np.int64) for q in hay.queries]
     hits = sum(bool(np.isin(top, g).any()) for top, g in zip(tops, hay.gold))
@@ -206,6 +231,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--questions", type=int, default=150, help="queries per haystack")
     parser.add_argument("--cold", type=int, default=8, help="queries timed cold per lever")
     parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument(
+        "--levers", default="", help="only the levers whose names contain one of these ';'-separated strings (default: all)"
+    )
+    parser.add_argument(
+        "--precision", default="auto", choices=typing.get_args(Precision), help="MiniLM's precision in the defaults' run"
+    )
     parser.add_argument("--no-defaults", action="store_true", help="skip the defaults' run through BM25Index.search")
     parser.add_argument("--defaults-only", action="store_true", help="only the defaults' run through BM25Index.search")
     parser.add_argument(
@@ -231,53 +262,69 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name in args.sets.split(","):
         hay = build(tokenizer, paragraphs, counts, name, args.questions, args.seed)
         bm25 = sum(bool(np.isin([h.unit for h in p[:4]], g).any()) for p, g in zip(hay.pools, hay.gold)) / len(hay.pools)
-        table.setdefault("BM25 with headings alone (stage off)", {})[name] = (bm25, 0.0, 0.0)
+        table.setdefault("BM25 with headings alone (stage off)", {})[name] = (bm25, 0.0, 0.0, 0.0)
         if not args.defaults_only:
-            extra += levers(hay, table, args.cold)
+            chosen = [lever for lever in LEVERS if not args.levers or any(part in lever.name for part in args.levers.split(";"))]
+            extra += levers(hay, table, args.cold, chosen)
         if not args.no_defaults:
             changes = {k: int(v) for k, v in (pair.split("=") for pair in args.set.split(",") if pair)}
-            recall, cpu, embedded = defaults_in_order(hay, dataclasses.replace(RetrievalConfig(), **changes))
-            label = f"the defaults{' with ' + args.set if args.set else ''}, BM25Index.search, queries in order"
-            table.setdefault(label, {})[name] = (recall, cpu, float("nan"))
+            recall, cpu, embedded = defaults_in_order(hay, dataclasses.replace(RetrievalConfig(), **changes), args.precision)
+            changed = ", ".join(filter(None, [args.set, "" if args.precision == "auto" else args.precision]))
+            label = f"the defaults{' with ' + changed if changed else ''}, BM25Index.search, queries in order"
+            table.setdefault(label, {})[name] = (recall, cpu, float("nan"), float("nan"))
             extra.append(f"{name}: defaults in order: {embedded} units embedded for {len(hay.queries)} queries; load {os.getloadavg()[0]:.1f}")
     sets = args.sets.split(",")
     print(f"\n== The dense stage's levers at 1M tokens (seed {args.seed}, {args.questions} queries a set; cold: {args.cold} queries) ==")
-    print(f"{'lever':58s}" + "".join(f" {s + ' R@4':>13s} {'cold CPU s':>10s} {'pieces':>7s}" for s in sets))
+    print(f"{'lever':58s}" + "".join(f" {s + ' R@4':>13s} {'cold CPU s':>10s} {'wall s':>7s} {'pieces':>7s}" for s in sets))
     for lever, cells in table.items():
-        row = "".join(f" {r:13.3f} {c:10.2f} {p:7.0f}" for r, c, p in (cells.get(s, (np.nan,) * 3) for s in sets))
+        row = "".join(f" {r:13.3f} {c:10.3f} {w:7.3f} {p:7.0f}" for r, c, w, p in (cells.get(s, (np.nan,) * 4) for s in sets))
         print(f"{lever:58s}{row}")
     for line in extra:
         print(line)
 
 
-def levers(hay: Haystack, table: dict[str, dict[str, tuple]], cold: int) -> list[str]:
-    """Recall@4 and cold cost of every lever of :data:`LEVERS` on ``hay`` into ``table``; the
+def levers(hay: Haystack, table: dict[str, dict[str, tuple]], cold: int, chosen: Sequence[Lever] = LEVERS) -> list[str]:
+    """Recall@4 and cold cost of every lever of ``chosen`` on ``hay`` into ``table``; the
     batching figure as a line."""
     from infmem_verl.agent.static_embed import StaticEmbeddings
 
     name = hay.name
     wanted = sorted({h.unit for pool in hay.pools for h in pool})
     texts = [hay.units[u] for u in wanted]
-    full, short = Windows(), Windows()
-    full.add(wanted, texts, 128, 0)
-    short.add(wanted, texts, SHORT_WINDOW, 1)
-    queries = embed(hay.queries)
-    static_embeddings = StaticEmbeddings(hay.units)
-    with Clock() as static_build:
-        static_embeddings.similarities(hay.queries[0], np.zeros(1, dtype=np.int64))
-    static = [static_embeddings.similarities(q, np.array([h.unit for h in p], dtype=np.int64)) for q, p in zip(hay.queries, hay.pools)]
+    windows: dict[tuple[int, int, str], Windows] = {}
+    queries: dict[str, np.ndarray] = {}
+    for lever in chosen:
+        if lever.vectors_key not in windows:
+            window_tokens, max_windows, precision = lever.vectors_key
+            windows[lever.vectors_key] = passes = Windows()
+            passes.add(wanted, texts, window_tokens, max_windows, _encoder(precision))
+        if lever.precision not in queries:
+            queries[lever.precision] = embed(hay.queries, _encoder(lever.precision))
+    static: list[np.ndarray | None] = [None] * len(hay.queries)
+    build_cpu = 0.0
+    if any(lever.prefilter for lever in chosen):
+        static_embeddings = StaticEmbeddings(hay.units)
+        with Clock() as static_build:
+            static_embeddings.similarities(hay.queries[0], np.zeros(1, dtype=np.int64))
+        build_cpu = static_build.cpu
+        static = [static_embeddings.similarities(q, np.array([h.unit for h in p], dtype=np.int64)) for q, p in zip(hay.queries, hay.pools)]
+    passes = ", ".join(f"{k[0]}-piece {'every window' if k[1] == 0 else 'first window'} {k[2]} {w.cpu:.0f} s" for k, w in windows.items())
     print(
         f"{name}: {hay.num_tokens:,} tokens, {len(hay.units)} units, {len(hay.queries)} queries; "
-        f"{len(wanted)} pooled units embedded ({full.cpu:.0f} s CPU all 128-piece windows, {short.cpu:.0f} s first 64); "
-        f"static stage over the document {static_build.cpu:.1f} s CPU; load {os.getloadavg()[0]:.1f}",
+        f"{len(wanted)} pooled units embedded (CPU: {passes}); static stage over the document {build_cpu:.1f} s CPU; "
+        f"load {os.getloadavg()[0]:.1f}",
         flush=True,
     )
-    for lever in LEVERS:
-        windows = short if lever.window_tokens == SHORT_WINDOW else full
-        recall = recall_at_4(lever, hay, windows, queries, static)
-        cpu, pieces = cold_cost(lever, hay, static, cold)
-        table.setdefault(lever.name, {})[name] = (recall, cpu, pieces)
-        print(f"  {lever.name}: recall@4 {recall:.3f}, cold {cpu:.2f} s CPU, {pieces:.0f} pieces; load {os.getloadavg()[0]:.1f}", flush=True)
+    for lever in chosen:
+        recall = recall_at_4(lever, hay, windows[lever.vectors_key], queries[lever.precision], static)
+        cpu, wall, pieces = cold_cost(lever, hay, static, cold)
+        table.setdefault(lever.name, {})[name] = (recall, cpu, wall, pieces)
+        print(
+            f"  {lever.name}: recall@4 {recall:.3f}, cold {cpu:.3f} s CPU {wall:.3f} s wall, {pieces:.0f} pieces; load {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
+    if not any(lever == LEVERS[0] for lever in chosen):
+        return []
     one, each = batched_cost(hay, cold)
     return [f"{name}: {ROLLOUTS} cold queries' top 20 in one pass {one:.2f} s CPU a query, one pass each {each:.2f}"]
 

@@ -17,6 +17,7 @@ are decoded on demand (:class:`UnitTexts`) instead of being kept beside the ids.
 
 from __future__ import annotations
 
+import array
 import bisect
 import hashlib
 import json
@@ -186,16 +187,23 @@ def _tokenize_pieces(text: str, backend, paragraph_chars: Sequence[int]) -> tupl
     if hasattr(model, "_resize_cache") and hasattr(model, "_clear_cache"):  # tokenizers >= 0.21
         model._resize_cache(BPE_CACHE_WORDS)  # a smaller capacity keeps the entries already there
         model._clear_cache()
-    parts: list[np.ndarray] = []
+    # The ids go into one growing buffer as each piece is encoded, not into an array per piece
+    # joined at the end: that held every id twice at the end of tokenization, and the pieces'
+    # arrays, interleaved in the heap with the tokenizer's word cache, left ~4 MiB of pages
+    # that malloc_trim could not hand back after a first 1M-token document.
+    buffer, lengths = array.array("i"), array.array("q")
     first = 0
     while first < len(starts):
         # Pieces starting within _BATCH_CHARS of this batch's first piece (at least one piece).
         stop = max(first + 1, bisect.bisect_left(starts, starts[first] + _BATCH_CHARS, lo=first))
         pieces = [text[a:b] for a, b in zip(starts[first:stop], ends[first:stop])]
-        parts += [np.asarray(e.ids, dtype=np.int32) for e in encode(pieces, add_special_tokens=False)]
+        for encoding in encode(pieces, add_special_tokens=False):
+            piece_ids = encoding.ids
+            lengths.append(len(piece_ids))
+            buffer.extend(piece_ids)
         first = stop
-    lengths = np.fromiter((len(part) for part in parts), dtype=np.int64, count=len(parts))
-    ids = np.concatenate(parts)
+    ids = np.frombuffer(buffer, dtype=np.int32) if len(buffer) else np.zeros(0, dtype=np.int32)
+    lengths = np.frombuffer(lengths, dtype=np.int64)
     piece_token_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     is_paragraph = np.isin(np.asarray(starts, dtype=np.int64), np.asarray([0, *paragraph_chars], dtype=np.int64))
     return ids, _unique_starts(piece_token_starts[is_paragraph], len(ids))
@@ -389,10 +397,16 @@ class Document:
             return [""] * self.num_units
         starts = self.paragraph_starts
         ends = np.minimum(np.append(starts[1:], self.num_tokens), starts + _HEADING_TOKENS)
-        seqs = [self.ids[a:b].tolist() for a, b in zip(starts, ends)]
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         decode = backend.decode_batch if backend is not None else self.tokenizer.batch_decode
-        headings = [paragraph_heading(text) for text in decode(seqs, skip_special_tokens=False)]
+        headings: list[str] = []
+        # A batch of paragraphs at a time: the decoder takes lists of Python ints, and all of a
+        # 1M-token document's paragraph heads at once (9,000 x 48 tokens) were 16 MiB of them,
+        # the largest spike of a first sample's peak memory (3.7x its text).
+        batch = _DECODE_UNITS * 8
+        for first in range(0, len(starts), batch):
+            seqs = [self.ids[a:b].tolist() for a, b in zip(starts[first : first + batch], ends[first : first + batch])]
+            headings += [paragraph_heading(text) for text in decode(seqs, skip_special_tokens=False)]
         owner = np.searchsorted(starts, self.unit_bounds[:, 0], side="right") - 1
         return [headings[p] for p in owner]
 

@@ -72,25 +72,60 @@ def _native_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-@functools.lru_cache(maxsize=1)
-def _encoder():
-    """MiniLM as the embedding passes run it: a bfloat16 copy where the CPU computes bfloat16
-    natively (measured on AVX512-BF16: 1.6x less CPU a window than float32, window vectors at
-    cosine >= 0.997 to float32's), the float32 model elsewhere. The float32 model stays for the
-    static stage's distillation."""
+Precision = Literal["auto", "int8", "bfloat16", "float32"]
+
+
+@functools.lru_cache(maxsize=4)
+def _encoder(precision: Precision = "auto"):
+    """MiniLM as the embedding passes run it. "auto" (the stage's): a bfloat16 copy where the CPU
+    computes bfloat16 natively (measured on AVX512-BF16: 0.6x float32's CPU a window, window
+    vectors at cosine >= 0.997 to float32's), the float32 model elsewhere (kept as loaded: the
+    static stage distils from it). "int8" (:func:`_int8_model`) is what ``bench/rerank_cost.py``
+    measured beside it and the stage does not use: 0.74-0.81x bfloat16's CPU a cold query at 1M
+    tokens, but recall@4 on FanOutQA's second draw .940 against bfloat16's .953 (the .95 target),
+    docs/experiments/2026-12-04-retrieval-cost.md."""
     import copy
 
     import torch
 
     _, model = _load_minilm()
-    return copy.deepcopy(model).to(torch.bfloat16) if _native_bf16() else model
+    if precision == "int8":
+        return _int8_model(model)
+    if precision == "bfloat16" or (precision == "auto" and _native_bf16()):
+        return copy.deepcopy(model).to(torch.bfloat16)
+    return model
 
 
-def _encode(encoding) -> np.ndarray:
-    """Mean-pooled, L2-normalised embeddings of a padded batch encoding, float32 [n, dim]."""
+def _int8_model(model):
+    """A copy of ``model`` with every Linear layer in int8 (dynamic quantization: weights per
+    output channel, activations per batch), or None where torch lacks the x86 int8 engine or
+    torch.ao's dynamic quantization (deprecated there in favour of the torchao package, which
+    this project does not install). Per-tensor weights lost too much (window cosine to float32
+    .91-.95); per channel it is .97-.99 on Wikipedia paragraphs."""
+    import copy
+    import warnings
+
     import torch
 
-    model = _encoder()
+    if not {"x86", "fbgemm"} & set(torch.backends.quantized.supported_engines):
+        return None
+    try:
+        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+    except ImportError:
+        return None
+    with warnings.catch_warnings():
+        # The deprecation notices of torch.ao and of its quantized tensors: the kernels still run.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", UserWarning)
+        return quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
+
+
+def _encode(encoding, model=None) -> np.ndarray:
+    """Mean-pooled, L2-normalised embeddings of a padded batch encoding, float32 [n, dim];
+    ``model``: the MiniLM to run (default :func:`_encoder`; a benchmark passes others)."""
+    import torch
+
+    model = _encoder() if model is None else model
     lengths = encoding["attention_mask"].sum(1)
     # Batches of similar lengths, each cut to its longest member: MiniLM's cost is linear in the
     # padded tokens, and a unit's last window is usually short.
@@ -108,11 +143,11 @@ def _encode(encoding) -> np.ndarray:
     return out.numpy()
 
 
-def embed(texts: Sequence[str]) -> np.ndarray:
+def embed(texts: Sequence[str], model=None) -> np.ndarray:
     """Embeddings of ``texts`` (each truncated to :data:`QUERY_TOKENS` pieces), float32 [n, 384]."""
     tokenizer, _ = _load_minilm()
     encoding = tokenizer(list(texts), padding=True, truncation=True, max_length=QUERY_TOKENS, return_tensors="pt")
-    return _encode(encoding)
+    return _encode(encoding, model)
 
 
 def window_encoding(texts: Sequence[str], window_tokens: int = WINDOW_TOKENS, max_windows: int = 0):
@@ -146,11 +181,13 @@ def window_encoding(texts: Sequence[str], window_tokens: int = WINDOW_TOKENS, ma
     return encoding, owner
 
 
-def embed_windows(texts: Sequence[str], window_tokens: int = WINDOW_TOKENS, max_windows: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def embed_windows(
+    texts: Sequence[str], window_tokens: int = WINDOW_TOKENS, max_windows: int = 0, model=None
+) -> tuple[np.ndarray, np.ndarray]:
     """Embeddings of overlapping windows over each text (:func:`window_encoding`): (vectors
     [w, 384], owner text index [w])."""
     encoding, owner = window_encoding(texts, window_tokens, max_windows)
-    return _encode(encoding), owner
+    return _encode(encoding, model), owner
 
 
 def reciprocal_rank_fusion(*orders: np.ndarray) -> np.ndarray:
@@ -197,10 +234,11 @@ class UnitEmbeddings:
     :class:`~infmem_verl.agent.document.UnitTexts` decodes just those.
     """
 
-    def __init__(self, unit_texts: Sequence[str], window_tokens: int = WINDOW_TOKENS, max_windows: int = 0) -> None:
+    def __init__(self, unit_texts: Sequence[str], window_tokens: int = WINDOW_TOKENS, max_windows: int = 0, model=None) -> None:
         self.unit_texts = unit_texts
         self.window_tokens = window_tokens  # see embed_windows
         self.max_windows = max_windows
+        self.model = model  # the MiniLM that embeds (None: _encoder's; bench.rerank_cost measures others)
         # unit -> [windows, dim], float16: half the memory of float32 (a 1M-token document
         # fully embedded holds ~8.6 MiB instead of ~17), and a cosine off by under 1e-3.
         self._windows: dict[int, np.ndarray] = {}
@@ -215,7 +253,7 @@ class UnitEmbeddings:
     def similarities(self, query: str, units: np.ndarray) -> np.ndarray:
         """Best window cosine similarity of ``query`` to each of ``units`` (float64, given order)."""
         self._ensure(units)
-        q = embed([query])[0]
+        q = embed([query], self.model)[0]
         return np.array([float((self._windows[int(u)].astype(np.float32) @ q).max()) for u in units], dtype=np.float64)
 
     def _ensure(self, units: np.ndarray) -> None:
@@ -223,7 +261,9 @@ class UnitEmbeddings:
             missing = sorted({int(u) for u in units} - self._windows.keys())
             if not missing:
                 return
-            vectors, owner = embed_windows([self.unit_texts[u] for u in missing], self.window_tokens, self.max_windows)
+            vectors, owner = embed_windows(
+                [self.unit_texts[u] for u in missing], self.window_tokens, self.max_windows, self.model
+            )
             self.passes += 1
             for i, unit in enumerate(missing):
                 self._windows[unit] = vectors[owner == i].astype(np.float16)

@@ -50,6 +50,8 @@ _CJK_RE = re.compile(rf"[{_CJK}]")
 STEM_CACHE_WORDS = 1 << 14
 # BM25 weights are computed this many matrix entries at a time, bounding float64 temporaries.
 _WEIGHT_BLOCK = 1 << 16
+# numpy type of each array typecode SparseBM25 collects term counts in.
+_COUNT_TYPES = {"H": np.uint16, "I": np.uint32}
 
 # Compact English stopword list: function words that carry no topic. Single letters left by
 # apostrophes ("Seurat's" -> "seurat", "s"; "don't" -> "don", "t") are included.
@@ -202,7 +204,10 @@ class SparseBM25:
         self.bigram_weight = float(bigram_weight)
         # The entries go into growing flat buffers, not one array per unit: at 1M tokens ~9,000
         # units x 3 arrays of ~100 bytes of header each were ~3 MiB of the build's peak.
-        term_ids, counts, sequence = array.array("i"), array.array("f"), array.array("i")
+        # Counts as 16-bit integers while the matrix is converted (two copies of the entries
+        # exist then, and this was its peak: 12 bytes an entry instead of 16); a unit of more
+        # than 65,535 terms, which no document config cuts, widens them to 32 bits.
+        term_ids, counts, sequence = array.array("i"), array.array("H"), array.array("i")
         lengths, widths = array.array("q"), array.array("q")
         for terms in unit_terms:
             ids = np.fromiter(
@@ -210,7 +215,9 @@ class SparseBM25:
             )
             distinct, count = np.unique(ids, return_counts=True)
             term_ids.frombytes(distinct.tobytes())
-            counts.frombytes(count.astype(np.float32).tobytes())
+            if len(terms) > 0xFFFF and counts.typecode == "H":
+                counts = array.array("I", counts)
+            counts.frombytes(count.astype(_COUNT_TYPES[counts.typecode]).tobytes())
             if self.bigram_weight > 0:
                 sequence.frombytes(ids.tobytes())
                 sequence.append(_UNIT_END)
@@ -221,9 +228,12 @@ class SparseBM25:
         # the term rows a query selects, column indices sorted. The buffers are freed as soon as
         # the conversion is done, so at most two copies of the entries exist at any time.
         indptr = np.concatenate([[0], np.cumsum(_view(widths, np.int64))])
-        tf = scipy.sparse.csc_matrix((_view(counts, np.float32), _view(term_ids, np.int32), indptr), shape=(len(self.vocab), n_units))
+        tf = scipy.sparse.csc_matrix(
+            (_view(counts, _COUNT_TYPES[counts.typecode]), _view(term_ids, np.int32), indptr), shape=(len(self.vocab), n_units)
+        )
         tf = tf.tocsr()
         del term_ids, counts
+        tf.data = tf.data.astype(np.float32)  # the weights' type (_bm25_weights fills it in place)
         unit_lengths = _view(lengths, np.int64)
         avgdl = max(float(unit_lengths.mean()), 1.0) if n_units else 1.0
         self.norm = k1 * (1.0 - b + b * unit_lengths / avgdl)
