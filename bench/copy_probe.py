@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -37,6 +38,7 @@ import random
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -71,8 +73,14 @@ class ProbeConfig:
     space: bool = False  # \boxed{ Name}: the answer's tokens as in the memory
     recipe: str = "demo"
     # answer: the answer call from haystack-free chains; write: the Writes of distilled SFT
-    # parquets (train_data, one pass unless pool; heldout_data from another distillation seed).
+    # parquets (train_data, one pass unless pool; heldout_data from another distillation seed);
+    # fresh: the oracle's calls of fresh symbolic trajectories (infmem_verl/sft/fresh.py) of
+    # `agent`, the kinds in `kinds`, plus `extra_answers` fresh answer calls in every batch.
     call: str = "answer"
+    agent: str = "infmem"
+    kinds: str = "prethink,write,answer"
+    extra_answers: int = 0
+    save: str = ""  # fresh: save the student (model + tokenizer) here at every evaluation
     train_data: str = ""
     heldout_data: str = ""
     seed: int = 1
@@ -238,6 +246,19 @@ def run_probe(cfg: ProbeConfig, say=print) -> ProbeResult:
         def train_pair(index: int) -> tuple[np.ndarray, np.ndarray]:
             item = chain(index, cfg.seed)
             return samples.prompt(item), samples.response(item)
+    elif cfg.call == "fresh":
+        if cfg.pool:
+            raise ValueError("pool: fresh calls are never repeated")
+        kinds = set(cfg.kinds.split(","))
+        heldout_calls = list(itertools.islice(_fresh_stream(tokenizer, samples, cfg, HELDOUT_SEED, kinds), cfg.heldout))
+        heldout = [(c.prompt, c.response) for c in heldout_calls]
+        stream = _fresh_stream(tokenizer, samples, cfg, cfg.seed, kinds)
+        answers = _fresh_stream(tokenizer, samples, cfg, cfg.seed + 1, {"answer"})
+        supply = cfg.steps * cfg.batch_size
+
+        def train_pair(index: int) -> tuple[np.ndarray, np.ndarray]:
+            call = next(stream)
+            return call.prompt, call.response
     else:  # the Writes of two oracle distillations (python -m infmem_verl.distill --teacher oracle)
         heldout = distilled_calls(cfg.heldout_data, "write")[: cfg.heldout]
         train = distilled_calls(cfg.train_data, "write")
@@ -260,7 +281,10 @@ def run_probe(cfg: ProbeConfig, say=print) -> ProbeResult:
             if cfg.pool:
                 rng.shuffle(order)
         indices, order = order[: cfg.batch_size], order[cfg.batch_size :]
-        ids, trained = _batch([train_pair(i) for i in indices], pad_id)
+        pairs = [train_pair(i) for i in indices]
+        if cfg.call == "fresh":
+            pairs += [(c.prompt, c.response) for c in itertools.islice(answers, cfg.extra_answers)]
+        ids, trained = _batch(pairs, pad_id)
         logits, targets = response_logits(model, ids, trained)
         loss = torch.nn.functional.cross_entropy(logits, targets)
         optimizer.zero_grad(set_to_none=True)
@@ -272,8 +296,15 @@ def run_probe(cfg: ProbeConfig, say=print) -> ProbeResult:
         if step % cfg.eval_every == 0 or step == cfg.steps:
             exact = exact_share(model, heldout, pad_id)
             if cfg.call == "answer":
-                answers = greedy_answers(model, samples, heldout_chains)
-                score = float(np.mean([sub_em(a, [i.answer]) for a, i in zip(answers, heldout_chains)]))
+                greedy = greedy_answers(model, samples, heldout_chains)
+                score = float(np.mean([sub_em(a, [i.answer]) for a, i in zip(greedy, heldout_chains)]))
+            elif cfg.call == "fresh":  # the Writes that copy a fact, reproduced exactly; each kind's exact share
+                score = float(np.mean([e for e, c, call in zip(exact, carries, heldout_calls) if c and call.kind == "write"] or [np.nan]))
+                by_kind = {k: float(np.mean([e for e, c in zip(exact, heldout_calls) if c.kind == k])) for k in sorted(kinds)}
+                say(f"[copy-probe] step {step:>5} | held out exact by kind {json.dumps(by_kind)}")
+                if cfg.save:
+                    model.save_pretrained(cfg.save)
+                    tokenizer.save_pretrained(cfg.save)
             else:  # the Writes that copy a fact, reproduced exactly
                 score = float(np.mean([e for e, c in zip(exact, carries) if c]))
             point = ProbePoint(
@@ -294,12 +325,33 @@ def run_probe(cfg: ProbeConfig, say=print) -> ProbeResult:
     return result
 
 
+def _fresh_stream(tokenizer, samples: AnswerSamples, cfg: ProbeConfig, seed: int, kinds: set[str]):
+    """The calls of kinds ``kinds`` of fresh oracle trajectories of ``seed``, in order."""
+    from infmem_verl.sft.fresh import FreshCalls
+
+    fresh = FreshCalls(tokenizer, samples.agent_cfg, cfg.agent, seed)
+    return (call for _, call in fresh.calls() if call.kind in kinds)
+
+
 def _contains(seq: list[int], part: list[int]) -> bool:
     return any(seq[i : i + len(part)] == part for i in range(len(seq) - len(part) + 1))
 
 
-def parse_args(argv: Sequence[str] | None = None) -> tuple[ProbeConfig, str | None]:
-    """The run's settings and the file to append its result to (``--json``), if any."""
+def loop_check(model_dir: str, agent: str, docs: int, temperature: float, recipe: str = "demo"):
+    """The warm-up's own held-out check (:func:`infmem_verl.cpu.warmup.heldout_check`) of the
+    student at ``model_dir``: ``agent`` through the real loop on the first ``docs`` of the demo
+    warm-up's held-out documents (its seed + 1000), sampled at ``temperature`` (0: greedy)."""
+    from infmem_verl.cpu.warmup import WarmupSettings, check_sampling, heldout_check
+    from infmem_verl.distill import recipe_agent
+
+    _, agent_cfg = recipe_agent(recipe, [])
+    settings = WarmupSettings(heldout_samples=docs, doc_tokens=1024, check_temperature=temperature)
+    return heldout_check(Path(model_dir), agent, check_sampling(settings, agent_cfg), settings)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[ProbeConfig, str | None, str | None, float]:
+    """The run's settings, the file to append its result to (``--json``), and the student to
+    check through the real loop instead of training one (``--check``, at ``--check-temperature``)."""
     defaults = ProbeConfig()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for name, value in dataclasses.asdict(defaults).items():
@@ -309,14 +361,24 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ProbeConfig, str | No
         else:
             parser.add_argument(flag, type=type(value), default=value, help=f"default {value}")
     parser.add_argument("--json", help="append the result as one JSON line to this file")
+    parser.add_argument("--check", help="a saved student: run --agent through the real loop on --heldout held-out documents")
+    parser.add_argument("--check-temperature", type=float, default=0.0, help="the check's sampling (0: greedy)")
     args = vars(parser.parse_args(argv))
-    out = args.pop("json")
-    return ProbeConfig(**args), out
+    out, check, temperature = args.pop("json"), args.pop("check"), args.pop("check_temperature")
+    return ProbeConfig(**args), out, check, temperature
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    cfg, out = parse_args(argv)
+    cfg, out, check, temperature = parse_args(argv)
     torch.set_num_threads(int(os.environ.get("PROBE_THREADS", "2")))
+    if check:
+        started = time.process_time()
+        heldout = loop_check(check, cfg.agent, cfg.heldout, temperature, cfg.recipe)
+        print(f"[copy-probe] {cfg.agent} {check} at temperature {temperature}: {heldout.line()} | cpu {time.process_time() - started:.0f} s | load {os.getloadavg()[0]:.1f}")
+        if out:
+            with open(out, "a", encoding="utf-8") as file:
+                file.write(json.dumps({"check": check, "agent": cfg.agent, "temperature": temperature, **dataclasses.asdict(heldout)}) + "\n")
+        return 0
     result = run_probe(cfg)
     print(f"[copy-probe] best held-out score {result.best_sub_em():.1%} over {result.distinct_samples} distinct training samples")
     if out:

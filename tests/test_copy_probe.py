@@ -66,3 +66,14 @@ def test_fresh_chains_never_repeat_and_a_few_steps_lower_the_loss():
     assert all(0 <= p.exact <= 1 and 0 <= p.sub_em <= 1 for p in result.points)
     pooled = run_probe(ProbeConfig(steps=3, eval_every=3, heldout=2, batch_size=4, pool=8), say=lambda _: None)
     assert pooled.distinct_samples == 8
+
+
+def test_the_fresh_probe_trains_on_every_call_kind_of_new_trajectories(tmp_path):
+    """--call fresh: the oracle's calls of fresh trajectories (infmem_verl/sft/fresh.py), the
+    student saved where --check can run it through the real loop."""
+    cfg = ProbeConfig(call="fresh", steps=2, eval_every=2, heldout=6, batch_size=2, extra_answers=1, save=str(tmp_path))
+    result = run_probe(cfg, say=lambda _: None)
+    assert result.distinct_samples == 4 and [p.step for p in result.points] == [2]
+    assert (tmp_path / "config.json").is_file() and (tmp_path / "tokenizer.json").is_file()
+    with pytest.raises(ValueError, match="never repeated"):
+        run_probe(dataclasses.replace(cfg, pool=4), say=lambda _: None)
