@@ -10,6 +10,14 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Each of xdist's workers takes its share of the cores for every process it starts (its own torch,
+# launched runs and their Ray actors through infmem.cpu.threads, SFT and vLLM subprocesses): two
+# workers starting threads for all cores contend (two 40-step SFT runs side by side on 2 cores:
+# 88 s each at two threads, 47 s at one). Set before torch is imported.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    os.environ.setdefault(
+        "OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    )
 
 
 # `make test` runs the suite on two pytest-xdist workers (``-n 2``): most of its time is

@@ -199,6 +199,20 @@ def test_cpu_backend_selects_its_trainer_mode_and_ray_settings():
     assert cpu_settings(config).max_batch == 8
 
 
+def test_the_shells_omp_num_threads_caps_the_cpu_runs_threads_unless_set(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    config = make_config("+recipe=smoke")
+    apply_cpu_backend(config)
+    assert cpu_settings(config).threads == 1
+    config = make_config("+recipe=smoke", "infmem.cpu.threads=3")
+    apply_cpu_backend(config)
+    assert cpu_settings(config).threads == 3
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    config = make_config("+recipe=smoke")
+    apply_cpu_backend(config)
+    assert cpu_settings(config).threads is None
+
+
 def test_the_cpu_backend_runs_ray_workers_at_the_launchers_priority(monkeypatch):
     """Ray's default starts workers 15 nice levels below the driver: on a CPU they are the
     training, and beside any busy process they starve."""

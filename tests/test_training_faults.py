@@ -7,7 +7,7 @@ The run saves after every step. Step 2's rollout is held inside its scoring (the
 waits on the reward worker; see :func:`held_letters`) while the test kills the actor, then let
 go. The run must stop within a bound with one console line naming the dead actor and the
 checkpoint to resume from, and leave no step-2 checkpoint that resume would load; the same
-command then resumes from step 1 and completes step 2. (Faults at the save itself:
+command, resumed from step 1, meets the second fault in its step 2, and a third launch completes it. (Faults at the save itself:
 tests/test_checkpoint_faults.py.)
 """
 
@@ -27,7 +27,7 @@ from test_metrics_tb import _alive, _command, _environment, _kill_tree, _sigint_
 
 RUN_TIMEOUT_S = 900
 STOP_TIMEOUT_S = 180  # from the kill to the run's exit: Ray reports a dead actor within seconds
-# Set for the first process only: the run's folder, where the hold's two files appear.
+# Set for the launches that meet a fault: the run's folder, where the hold's two files appear.
 HOLD = "INFMEM_TEST_HOLD_STEP_2"
 HOLDING, RELEASED = "holding", "released"
 # The stopped-and-resumed run's overrides this run leaves out: no validation, no Ctrl-C hold,
@@ -41,8 +41,9 @@ ADDED = [
 
 
 def held_letters(record) -> float:
-    """Reward component: ``test_metrics_tb.letters``, scored in step 2 of the first process only
-    after the test has killed its actor (it writes ``holding`` with its pid, waits for ``released``).
+    """Reward component: ``test_metrics_tb.letters``, scored in step 2 of a process launched with
+    ``HOLD`` only after the test has killed its actor (it writes ``holding`` with its pid, waits
+    for ``released``).
 
     Step 2 is the one whose scoring finds the tracker at 1 (step 1 scores before any save).
     """
@@ -81,43 +82,38 @@ def actor_process(run: subprocess.Popen, class_name: str, holder: int) -> psutil
     return next((p for p in found if p.pid == holder), found[0] if found else None)
 
 
-# The generation server, and the agent-loop worker whose scoring holds step 2 (rule-based rewards
-# are scored in the agent-loop worker; verl's RewardLoopWorker actors are not on a training step's
-# path then: one killed during step 2 changes nothing, and the run completes).
-@pytest.mark.parametrize(
-    "class_name, role",
-    [("CPUGenerationServer", "the generation server"), ("AgentLoopWorkerTQ", "an agent-loop worker")],
-)
-def test_an_actor_killed_mid_step_stops_the_run_naming_it_and_resume_completes_the_step(tmp_path, class_name, role):
-    root = tmp_path
-    cmd, env = command(root), environment(root)
-    log_path = root / "first.log"
+def stop_mid_step(root: Path, cmd: list[str], env: dict[str, str], class_name: str, role: str, log_name: str) -> None:
+    """Launch ``cmd``, SIGKILL its ``class_name`` actor while step 2's scoring is held, and check
+    the run stops in time, naming it, with nothing of step 2 saved and no Ray process left."""
+    for name in (HOLDING, RELEASED):
+        (root / name).unlink(missing_ok=True)
+    log_path = root / log_name
     with log_path.open("w") as log:
-        first = subprocess.Popen(cmd, cwd=root, env={**env, HOLD: str(root)}, stdout=log, stderr=subprocess.STDOUT,
-                                 preexec_fn=_sigint_as_in_a_terminal)  # fmt: skip
+        run = subprocess.Popen(cmd, cwd=root, env={**env, HOLD: str(root)}, stdout=log, stderr=subprocess.STDOUT,
+                               preexec_fn=_sigint_as_in_a_terminal)  # fmt: skip
         started: list[int] = []
         try:
             deadline = time.monotonic() + RUN_TIMEOUT_S
             while not (root / HOLDING).is_file():
-                assert first.poll() is None, f"the first run ended early:\n{log_path.read_text()[-4000:]}"
+                assert run.poll() is None, f"the run ended early:\n{log_path.read_text()[-4000:]}"
                 assert time.monotonic() < deadline, "step 2's scoring was not reached in time"
                 time.sleep(0.2)
-            victim = actor_process(first, class_name, int((root / HOLDING).read_text()))
+            victim = actor_process(run, class_name, int((root / HOLDING).read_text()))
             assert victim is not None, f"no {class_name} among the run's processes"
-            started = [p.pid for p in psutil.Process(first.pid).children(recursive=True)]
+            started = [p.pid for p in psutil.Process(run.pid).children(recursive=True)]
             victim.send_signal(signal.SIGKILL)
             killed_at = time.monotonic()
             (root / RELEASED).touch()  # the rest of step 2 goes on, and meets the dead actor
             try:
-                first.wait(timeout=STOP_TIMEOUT_S)
+                run.wait(timeout=STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 pytest.fail(f"the run still waits {STOP_TIMEOUT_S} s after {class_name} was killed")
             print(f"{class_name}: the run stopped {time.monotonic() - killed_at:.1f} s after the kill")
         finally:
-            if first.poll() is None:
-                _kill_tree(first)
+            if run.poll() is None:
+                _kill_tree(run)
     console = log_path.read_text()
-    assert first.returncode == 1, console[-4000:]
+    assert run.returncode == 1, console[-4000:]
     line = rf"\[infmem\] training stopped: {role} \({class_name}, pid {victim.pid}\) died in the middle of a step"
     assert re.search(line + r" \(.+\); the last complete checkpoint is \S+global_step_1;", console), console[-4000:]
     assert "Traceback" not in console  # Ray's goes to run.log
@@ -128,9 +124,23 @@ def test_an_actor_killed_mid_step_stops_the_run_naming_it_and_resume_completes_t
         time.sleep(1)
     assert not [p for p in started if _alive(p)], "Ray processes outlived the stopped run"
 
-    second = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    resumed = second.stdout + second.stderr
-    assert second.returncode == 0, resumed[-4000:]
+
+def test_actors_killed_mid_step_stop_the_run_naming_them_and_resume_completes_the_step(tmp_path):
+    """Two faults, one after the other: the generation server killed in step 2 of the first run,
+    then an agent-loop worker (the one whose scoring holds step 2) in the resumed run's step 2;
+    the third launch completes step 2. (Rule-based rewards are scored in the agent-loop worker;
+    verl's RewardLoopWorker actors are not on a training step's path then: one killed during step
+    2 changes nothing, and the run completes.) One run, three launches: each launch of the smoke
+    costs about a minute and a half of the suite."""
+    root = tmp_path
+    cmd, env = command(root), environment(root)
+    stop_mid_step(root, cmd, env, "CPUGenerationServer", "the generation server", "first.log")
+    stop_mid_step(root, cmd, env, "AgentLoopWorkerTQ", "an agent-loop worker", "resumed.log")
+    assert "[infmem] step 1/2" not in (root / "resumed.log").read_text()  # the second launch resumed
+
+    third = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    resumed = third.stdout + third.stderr
+    assert third.returncode == 0, resumed[-4000:]
     assert "[infmem] step 2/2" in resumed and "[infmem] step 1/2" not in resumed, resumed[-4000:]
     assert _tracker(root).read_text().strip() == "2"
     assert (root / "checkpoints" / "global_step_2" / "actor").is_dir()

@@ -46,7 +46,8 @@ def weights_digest(model: torch.nn.Module) -> int:
 
 
 def torch_threads(threads: int | None) -> int:
-    """The torch thread count to use: ``threads``, or every core of the machine when ``None``.
+    """The torch thread count to use: ``threads``, or every core of the machine when ``None``
+    (the launcher sets ``threads`` from the shell's ``OMP_NUM_THREADS``, see ``apply_cpu_backend``).
 
     Ray sets ``OMP_NUM_THREADS`` to an actor's reserved CPUs (one), which would leave a laptop's
     other cores idle; generation and updates never overlap in sync training, so each may use all.
