@@ -67,9 +67,10 @@ smoke-verl: $(STAMP) $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -m infmem_verl.main +recipe=smoke_verl $(ARGS)
 
 # The cluster path on this machine: a two-node Ray cluster (recipes/ray_head.sh + ray_worker.sh on
-# loopback), the smoke submitted twice by recipes/submit.sh (save at step 1, resume to step 2); the
-# cluster is stopped after (tests/test_cluster.py, outside `make test`: several minutes on 2 cores).
-smoke-cluster: $(STAMP)
+# loopback), the smoke submitted twice by recipes/submit.sh (save at step 1, resume to step 2), on the
+# CPU backend and on verl's own workers (one rank per node); each cluster is stopped after
+# (tests/test_cluster.py, outside `make test`: several minutes on 2 cores).
+smoke-cluster: $(STAMP) $(VLLM_STAMP)
 	INFMEM_CLUSTER_SMOKE=1 $(VPY) -m pytest -q -n0 -s tests/test_cluster.py
 
 # The smoke run from a model warmed up once by distillation + SFT (see conf/recipe/demo.yaml).

@@ -59,10 +59,11 @@ class Cluster:
     temp_dirs: list[Path]  # one session folder per node
 
 
-def ray_env() -> dict[str, str]:
-    """This venv's `ray` and `python` first on PATH: the job's entrypoint (`python -m ...`) runs in
-    the raylets' environment."""
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", **AUTH)
+def ray_env(python: Path | None = None) -> dict[str, str]:
+    """The venv of ``python`` (default: this one) first on PATH, its `ray` and `python`: the job's
+    entrypoint (`python -m ...`) and verl's workers run in the raylets' environment."""
+    bin_dir = Path(python or sys.executable).parent
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", **AUTH)
     # Models and the tokenizer from this machine's cache (submit.sh --shared would point HF_HOME at
     # the shared folder, where nothing was downloaded: the job is offline).
     env.setdefault("HF_HOME", str(Path.home() / ".cache" / "huggingface"))
@@ -86,20 +87,31 @@ def alive_nodes(jobs: str) -> list:
 
 
 @contextmanager
-def ray_cluster(root: Path, head_cpus: int, worker_cpus: int | None = None, head_gpus: int = 0) -> Iterator[Cluster]:
+def ray_cluster(
+    root: Path,
+    head_cpus: int,
+    worker_cpus: int | None = None,
+    head_gpus: int = 0,
+    worker_gpus: int = 0,
+    python: Path | None = None,
+) -> Iterator[Cluster]:
     """A head and (with ``worker_cpus``) a second node on loopback, each a real `ray start --block`
     started by the repo's scripts in its own process group, with its own session folder and
     dashboard-agent port (Ray's default, 52365, is taken by whichever Ray started first on this
     machine, and a job server without its agent takes no job); stopped (and every process of
-    theirs gone) on exit. ``head_gpus``: logical GPUs the head declares (Ray counts and places them;
-    nothing here uses a device).
+    theirs gone) on exit. ``head_gpus`` / ``worker_gpus``: logical GPUs each node declares (Ray
+    counts and places them; nothing here uses a device: a verl-cpu rank takes one). ``python``: the
+    venv the nodes run in (default: this one; the vLLM venv for verl-cpu jobs).
 
     Not `ray stop`: it kills every Ray process of the machine by name, other runs' included."""
     port, dashboard = free_port(), free_port()
     root.mkdir(parents=True, exist_ok=True)
     head_dir, worker_dir = root / "head", root / "worker"
     cluster = Cluster(f"127.0.0.1:{port}", f"http://127.0.0.1:{dashboard}", [head_dir])
-    env = ray_env()
+    env = ray_env(python)
+    # Token mode needs a token file, which a fresh machine has only once some Ray session has
+    # written one (the first head would refuse to start): made here if missing, kept if present.
+    subprocess.run(["ray", "get-auth-token", "--generate"], env=env, check=True, capture_output=True, timeout=120)
     nodes: list[subprocess.Popen] = []
 
     def start(script: str, *args: str, log: Path) -> None:
@@ -113,7 +125,7 @@ def ray_cluster(root: Path, head_cpus: int, worker_cpus: int | None = None, head
         _wait(lambda: (head_dir / "ray_current_cluster").is_file(), 180, "the Ray head", root / "head.log")
         if worker_cpus is not None:
             cluster.temp_dirs.append(worker_dir)
-            start("ray_worker.sh", "--address", cluster.gcs, "--num-cpus", str(worker_cpus), "--num-gpus", "0", "--temp-dir",
+            start("ray_worker.sh", "--address", cluster.gcs, "--num-cpus", str(worker_cpus), "--num-gpus", str(worker_gpus), "--temp-dir",
                   str(worker_dir), "--agent-port", str(free_port()), log=root / "worker.log")  # fmt: skip
         nodes_up = len(cluster.temp_dirs)
         _wait(lambda: len(alive_nodes(cluster.jobs)) == nodes_up, 180, "the nodes", root / "head.log")

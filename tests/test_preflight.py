@@ -7,6 +7,7 @@ with GPU resources, spawned interpreters importing verl)."""
 from __future__ import annotations
 
 import ast
+import json
 import multiprocessing
 import os
 import re
@@ -187,7 +188,7 @@ def test_sft_dry_run_validates_a_gpu_recipe_without_gpus():
     assert sft_backend(config, gpus=0) == "gpu"
 
 
-def test_the_verl_cpu_backend_says_what_it_changes_and_refuses_what_cannot_run():
+def test_the_verl_cpu_backend_says_what_it_changes_and_refuses_what_cannot_run(monkeypatch):
     from infmem_verl.cpu.backend import VERL_CPU_SETTINGS, apply_verl_cpu_backend
     from omegaconf import OmegaConf
 
@@ -205,9 +206,30 @@ def test_the_verl_cpu_backend_says_what_it_changes_and_refuses_what_cannot_run()
     config.dry_run = False
     with pytest.raises(ConfigError, match="infmem.backend: verl-cpu serves the rollout with vLLM's CPU build.*venv-vllm"):
         apply_verl_cpu_backend(config)
-    joining = make_config("+recipe=smoke", "infmem.backend=verl-cpu", "+ray_kwargs.ray_init.address=auto")
-    with pytest.raises(ConfigError, match="starts its own Ray session"):
-        apply_verl_cpu_backend(joining)
+    # Joining a cluster (a Ray job): the platform in every worker, the nodes' own slots and CPUs.
+    joining = make_config("+recipe=smoke", "infmem.backend=verl-cpu", "+ray_kwargs.ray_init.address=auto",
+                          "trainer.nnodes=2", "trainer.n_gpus_per_node=1", "dry_run=true")  # fmt: skip
+    apply_verl_cpu_backend(joining)
+    joined = joining.ray_kwargs.ray_init
+    assert joined.runtime_env.env_vars.VERL_PLATFORM == "cpu" and joined.get("num_gpus") is None and joined.get("num_cpus") is None
+    joining.dry_run = False
+    one_slot = GPUCount(1, "the Ray cluster at auto", "[infmem] Ray cluster: 2 alive node(s), CPU=16, GPU=1 in all")
+    with pytest.raises(ConfigError, match=r"trainer.nnodes x trainer.n_gpus_per_node: verl-cpu places its 2 x 1 = 2 ranks .* declares 1; .*--num-gpus 1"):
+        select_backend(joining, one_slot)
+    two_slots = GPUCount(2, "the Ray cluster at auto", "[infmem] Ray cluster: 2 alive node(s), CPU=16, GPU=2 in all")
+    assert "gloo rank(s) of the Ray cluster at auto's CPUs" in select_backend(joining, two_slots).message
+    # In a Ray job, a variable the job's runtime env sets is left to it (Ray refuses the same key
+    # twice, even with the same value); a job that sets another platform is refused.
+    job = {"runtime_env": {"env_vars": {"HF_HUB_OFFLINE": "1", "VERL_PLATFORM": "cpu"}}}
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(job))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    in_job = make_config("+recipe=smoke", "infmem.backend=verl-cpu", "+ray_kwargs.ray_init.address=auto", "dry_run=true")
+    apply_verl_cpu_backend(in_job)
+    assert set(in_job.ray_kwargs.ray_init.runtime_env.env_vars) == {"TRANSFORMERS_OFFLINE"}
+    job["runtime_env"]["env_vars"]["VERL_PLATFORM"] = "cuda"
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(job))
+    with pytest.raises(ConfigError, match="needs VERL_PLATFORM=cpu in the job's environment, got 'cuda'"):
+        apply_verl_cpu_backend(make_config("+recipe=smoke", "infmem.backend=verl-cpu", "+ray_kwargs.ray_init.address=auto", "dry_run=true"))
 
 
 # ------------------------------------------------------------------ caps and capacity

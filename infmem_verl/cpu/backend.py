@@ -14,6 +14,7 @@ No verl import: this runs before verl is asked for anything.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -35,6 +36,9 @@ VERL_CPU = "verl-cpu"
 CPUS_PER_RANK = 10
 # Passed on to verl's workers: nothing may reach a model hub at run time.
 OFFLINE_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+# Where Ray's job supervisor hands a job's entrypoint its job config, runtime env included
+# (ray._private.runtime_env.constants.RAY_JOB_CONFIG_JSON_ENV_VAR; no Ray import here).
+RAY_JOB_CONFIG = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 CPU_TRAINER_MODE = "infmem_cpu"
 # Ray CPUs are logical: the pipeline's actors (task runner, TransferQueue controller and storage,
 # agent-loop and reward workers, the generation actor, the load balancer) each reserve one, and
@@ -197,10 +201,20 @@ def _select(config: DictConfig, count: GPUCount, dry_run: bool) -> Backend:
         names=(*BACKENDS, VERL_CPU),
     )
     if choice.name == VERL_CPU:
+        # On a cluster the ranks are the logical GPU slots its nodes declare; a session this
+        # machine starts declares them itself (cpu_ray_init).
+        if count.cluster and count.gpus < needed and not dry_run:
+            raise ConfigError(
+                f"trainer.nnodes x trainer.n_gpus_per_node: {VERL_CPU} places its {trainer.nnodes} x "
+                f"{trainer.n_gpus_per_node} = {needed} ranks on logical GPU slots and {count.where} declares "
+                f"{count.gpus}; start each node with recipes/ray_head.sh / ray_worker.sh --num-gpus "
+                f"{trainer.n_gpus_per_node}"
+            )
+        where = f"{count.where}'s CPUs" if count.cluster else "this CPU"
         return Backend(
             VERL_CPU,
             0,
-            f"[infmem] backend: {VERL_CPU} - verl's own workers on {needed} gloo rank(s) of this CPU (FSDP2 "
+            f"[infmem] backend: {VERL_CPU} - verl's own workers on {needed} gloo rank(s) of {where} (FSDP2 "
             f"ActorRolloutRefWorker on verl's cpu platform) with {needed} hybrid vLLM-CPU replica(s) and verl's "
             f"weight sync, trainer mode {config.trainer.v1.trainer_mode}: a GPU run's code at a CPU's speed",
         )
@@ -293,12 +307,19 @@ def select_cpu_platform() -> None:
     workers_at_driver_priority()
 
 
-def cpu_ray_init(ranks: int) -> dict:
-    """``ray.init`` keywords for verl's workers on ``ranks`` gloo ranks of this machine: one logical
-    GPU slot per rank (infmem_verl/verl_plugin/platform.py says why) with the logical CPUs verl's
-    bundles reserve beside them, the ``cpu`` platform and the offline switches in every worker, no
-    dashboard."""
+def cpu_ray_init(ranks: int, joining: bool = False) -> dict:
+    """``ray.init`` keywords for verl's workers on ``ranks`` gloo ranks: the ``cpu`` platform and
+    the offline switches in every worker and, for a session this machine starts, one logical GPU
+    slot per rank (infmem_verl/verl_plugin/platform.py says why) with the logical CPUs verl's bundles
+    reserve beside them and no dashboard. ``joining`` a cluster: the environment only (Ray merges it
+    into a job's own, and refuses resources when connecting: the nodes declare their slots)."""
     env = {"VERL_PLATFORM": "cpu"} | {key: os.environ[key] for key in OFFLINE_ENV if key in os.environ}
+    if joining:
+        # Ray refuses a driver's variable the job's runtime env also sets, even to the same value.
+        job = json.loads(os.environ.get(RAY_JOB_CONFIG, "{}")).get("runtime_env", {}).get("env_vars", {})
+        if job.get("VERL_PLATFORM", "cpu") != "cpu":
+            raise ConfigError(f"infmem.backend: {VERL_CPU} needs VERL_PLATFORM=cpu in the job's environment, got {job['VERL_PLATFORM']!r}")
+        return {"runtime_env": {"env_vars": {key: value for key, value in env.items() if key not in job}}}
     return {
         "num_cpus": CPUS_PER_RANK * ranks + 12,
         "num_gpus": ranks,
@@ -310,11 +331,10 @@ def cpu_ray_init(ranks: int) -> dict:
 def apply_verl_cpu_backend(config: DictConfig) -> list[str]:
     """Set :data:`VERL_CPU_SETTINGS` over ``config`` and hand verl's ``ray.init`` the keywords of
     :func:`cpu_ray_init` (in place, before the pre-flight checks size the run); returns the
-    settings that changed, as ``key: old -> new``. Refused before anything starts: a run that joins
-    a Ray cluster (the ranks are logical GPU slots of a session this machine starts), and a Python
-    without vLLM's CPU build (except in a dry run)."""
-    if ray_address(config) is not None:
-        raise ConfigError(f"infmem.backend: {VERL_CPU} starts its own Ray session on this machine; unset RAY_ADDRESS / ray_kwargs.ray_init.address")
+    settings that changed, as ``key: old -> new``. A run that joins a Ray cluster (a Ray job's
+    entrypoint) takes its ranks from the logical GPU slots the cluster's nodes declare
+    (``recipes/ray_head.sh --num-gpus N``; :func:`_select` counts them). Refused before anything
+    starts: a Python without vLLM's CPU build (except in a dry run)."""
     if not vllm_installed() and not config.dry_run:  # a dry run validates anywhere
         raise ConfigError(
             f"infmem.backend: {VERL_CPU} serves the rollout with vLLM's CPU build, which {sys.executable} cannot "
@@ -327,7 +347,8 @@ def apply_verl_cpu_backend(config: DictConfig) -> list[str]:
             if old != value:
                 OmegaConf.update(config, key, value, force_add=True)
                 changed.append(f"{key}: {old} -> {value}")
-        config.ray_kwargs.ray_init = OmegaConf.merge(config.ray_kwargs.ray_init, cpu_ray_init(trainer_ranks(config)))
+        joining = ray_address(config) is not None
+        config.ray_kwargs.ray_init = OmegaConf.merge(config.ray_kwargs.ray_init, cpu_ray_init(trainer_ranks(config), joining))
     return changed
 
 
@@ -377,11 +398,18 @@ def apply_cpu_backend(config: DictConfig) -> None:
     brings it back), and its workers run at the launcher's priority (:func:`workers_at_driver_priority`).
     A run that joins a Ray cluster (a Ray job's entrypoint, ``RAY_ADDRESS``) gets none of these:
     Ray refuses the first two when connecting, the cluster's nodes declare their own CPUs, and its
-    raylets were started with their own niceness.
+    raylets were started with their own niceness. The launching shell's ``OMP_NUM_THREADS``
+    caps the torch threads of every process of the run when ``infmem.cpu.threads`` is unset.
     """
     check_cpu_support(config)
     with open_dict(config):
         config.trainer.v1.trainer_mode = CPU_TRAINER_MODE
+        # Read here, in the launcher: inside Ray's actors it is 1 whenever the shell left it unset,
+        # which they cannot tell from a user's 1; a job sharing the cores (the suite's two
+        # workers, a second run) would otherwise start threads for all of them.
+        shell_threads = os.environ.get("OMP_NUM_THREADS", "")
+        if config.infmem.cpu.get("threads") is None and shell_threads.isdigit() and int(shell_threads) > 0:
+            config.infmem.cpu.threads = int(shell_threads)
         if ray_address(config) is not None:
             return
         workers_at_driver_priority()
