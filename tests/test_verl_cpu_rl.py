@@ -20,7 +20,8 @@ measured and saved:
   in step 2 the weights verl loaded, not the other seed's the replicas started with), against how
   far update 1 moved the log-probs;
 * the zero-advantage row drop re-balanced across 2 ranks, with a gradient that is not zero;
-* verl's checkpoints export and load in transformers.
+* verl's checkpoints export and load in transformers, with the trainer's log-probs up to bfloat16;
+* the rollout-efficiency figure a GPU run logs (``infmem/rollout/efficiency``), from verl's server.
 
 Not checked here, and why: the reference model and the KL loss (the zero-advantage drop refuses
 rows that carry a KL term, and verl builds no reference model at KL weight 0; a launch with the KL
@@ -64,6 +65,11 @@ LAUNCH_TIMEOUT_S = 1500
 # model's log-probs by 0.95-1.10 nats (rounding the weights to bfloat16 alone: 0.016), so stale
 # served weights would fail it by far (docs/experiments/2026-12-04-verl-cpu-rl.md).
 LOG_PROB_GAP = 0.08
+ROLLOUT_EFFICIENCY = 0.8
+# The exported model (bfloat16 weights) against the rank shard's float32 weights in transformers:
+# rounding this model's weights to bfloat16 moves its log-probs by about 0.016 (measured 0.019-0.020 on
+# both steps' exports, 2026-12-05).
+EXPORT_GAP = 0.05
 # The rest of the test's launches: a checkpoint every step and a resume from the latest, a learning
 # rate that moves this tiny model visibly in one step, a reward that varies in half of the GRPO
 # groups (tests/verl_cpu_rl.py, text_score_on_even_samples), and the zero-advantage row drop (which
@@ -176,6 +182,18 @@ def test_optimizer_steps_measured_on_each_rank(run):
             assert {int(s["step"]) for s in optim["state"].values()} == {OPTIMIZER_STEPS * step}, (step, rank)
 
 
+def test_rollout_efficiency_is_logged_from_verls_server(run):
+    """``infmem/rollout/efficiency`` (the share of each trajectory's rollout spent awaiting verl's
+    vLLM server, infmem_verl/metrics.py) is logged every step on verl's own workers, as a GPU run
+    logs it. Here the tiny model's calls dominate each trajectory (0.994 in both steps, 2026-12-05),
+    so the bound, ROLLOUT_EFFICIENCY, is far below that for a loaded machine and still fails a loop
+    that keeps the server waiting on our code for a fifth of the rollout."""
+    for step, metrics in run["steps"].items():
+        efficiency = metrics["infmem/rollout/efficiency"]
+        print(f"step {step}: rollout efficiency {efficiency:.3f}")
+        assert ROLLOUT_EFFICIENCY < efficiency <= 1.0, (step, efficiency)
+
+
 def test_ranks_hold_identical_parameters(run):
     """verl's FSDP2 mesh here is (replicate 2, shard 1): each rank's saved shard is the whole model,
     and after every update both ranks' are bitwise the same."""
@@ -205,7 +223,8 @@ def test_rollout_serves_the_last_update_and_checkpoints_export(run, tmp_path):
     into replicas that had started from the other seed's model (see
     test_the_killed_launch_resumes_from_step_1); and
     verl's checkpoints export to models transformers loads, holding the rank shards' weights (in
-    bfloat16, as the export writes them)."""
+    bfloat16, as the export writes them) and giving the log-probs of the trainer's float32 weights
+    within that rounding (EXPORT_GAP)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from infmem_verl.export import export_checkpoint
@@ -214,6 +233,8 @@ def test_rollout_serves_the_last_update_and_checkpoints_export(run, tmp_path):
         gap = metrics["infmem/log_prob_gap/mean"]
         assert gap < LOG_PROB_GAP, f"rollout-vs-trainer log-prob gap {gap:.3g} at step {step}"
     initial = AutoModelForCausalLM.from_pretrained(run["work"] / "model", dtype=torch.float32).eval()
+    text = "The river flows past the old mill and the bridge, where two roads meet before the town."
+    ids = AutoTokenizer.from_pretrained(run["work"] / "model")(text, return_tensors="pt")["input_ids"]
     exported = {}
     for step in run["steps"]:
         out = export_checkpoint(actor_dir(run, step).parent, tmp_path / f"export_{step}").out
@@ -221,8 +242,12 @@ def test_rollout_serves_the_last_update_and_checkpoints_export(run, tmp_path):
         shard = local_tensors(actor_dir(run, step) / f"model_world_size_{RANKS}_rank_0.pt")
         for name, tensor in exported[step].state_dict().items():  # written in bfloat16 (infmem_verl.export)
             assert torch.equal(tensor, shard[name].to(torch.bfloat16).to(tensor.dtype)), (step, name)
-    text = "The river flows past the old mill and the bridge, where two roads meet before the town."
-    ids = AutoTokenizer.from_pretrained(run["work"] / "model")(text, return_tensors="pt")["input_ids"]
+        trainer = AutoModelForCausalLM.from_pretrained(run["work"] / "model", dtype=torch.float32).eval()
+        loaded = trainer.load_state_dict({name: t.float() for name, t in shard.items()}, strict=False)
+        assert set(loaded.missing_keys) <= {"lm_head.weight"} and not loaded.unexpected_keys  # lm_head is tied
+        gap = mean_log_prob_change(exported[step], trainer, ids)
+        print(f"step {step}: exported vs the trainer's float32 weights, mean |log-prob difference| {gap:.4f}")
+        assert gap < EXPORT_GAP, (step, gap)
     moved = mean_log_prob_change(exported[1], initial, ids)
     assert moved > 5 * LOG_PROB_GAP, f"update 1 moved the log-probs by {moved:.3g} only"
 
