@@ -11,12 +11,13 @@ windows (``rerank_windows``), shorter windows (``rerank_window_tokens``: 64, 48 
 the static stage (:mod:`infmem_verl.agent.static_embed`, the whole document embedded once)
 choosing which of BM25's candidates MiniLM reads, and one pass for the pending queries of the n
 rollouts instead of one each; or to read them for less: MiniLM with int8 Linear layers
-(dynamic quantization, weights per channel) instead of the stage's bfloat16.
+(dynamic quantization, weights per channel) instead of the stage's bfloat16, or only the first
+of its six transformer layers (:func:`encoder`).
 
 One haystack per set, as ``bench.retrieval`` builds its real-question haystacks (the seed's
 draw at 1M tokens, ``--questions`` queries). Recall of every lever comes from one embedding pass:
 every window of every unit in some query's top 50, plus each one's first window at every shorter
-length and precision a lever reads, embedded as the stage embeds them; each lever then ranks
+length, precision and depth a lever reads, embedded as the stage embeds them; each lever then ranks
 exactly as ``BM25Index.search`` would (score fusion over its pool at the default weight). The
 cold cost of each lever is measured on its own, on ``--cold`` queries: a fresh
 ``UnitEmbeddings`` embeds the lever's candidates and the query, in process CPU seconds (all
@@ -24,13 +25,16 @@ threads) and wall seconds, word pieces beside it; ``--levers`` runs only the lev
 Last, the retriever's defaults at 1M (``RetrievalConfig()``: rerank "auto") run through
 ``BM25Index.search`` over every query in order, the embedding cache shared as rollouts share it:
 its recall@4 and its CPU per query, where later queries reuse earlier ones' candidates
-(``--precision int8``: that run with MiniLM's int8 Linear layers instead of the stage's own).
+(``--precision int8``: that run with MiniLM's int8 Linear layers instead of the stage's own;
+``--layers k``: with only its first k layers).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
+import functools
 import os
 import random
 import time
@@ -56,7 +60,8 @@ class Lever:
     """One way to run the dense stage: BM25's best ``candidates``; of them, with ``prefilter`` >
     0, only the static stage's best ``prefilter`` go to MiniLM; each unit's first ``windows``
     windows (0: all) of ``window_tokens`` pieces; MiniLM at the ``precision`` of
-    :func:`~infmem_verl.agent.rerank._encoder` ("auto": as the stage runs it)."""
+    :func:`~infmem_verl.agent.rerank._encoder` ("auto": as the stage runs it), with only its
+    first ``layers`` transformer layers (0: all six; :func:`encoder`)."""
 
     name: str
     candidates: int = POOL
@@ -64,12 +69,19 @@ class Lever:
     window_tokens: int = 128
     prefilter: int = 0
     precision: Precision = "auto"
+    layers: int = 0
 
     @property
-    def vectors_key(self) -> tuple[int, int, str]:
+    def vectors_key(self) -> tuple[int, int, str, int]:
         """Which embedding pass the lever's recall reads: every 128-piece window (levers that keep
-        the first of them slice it), or each unit's first window of a shorter length."""
-        return self.window_tokens, 0 if self.window_tokens == WINDOW_TOKENS else 1, self.precision
+        the first of them slice it), or each unit's first window of a shorter length; at the
+        lever's precision and depth."""
+        return self.window_tokens, 0 if self.window_tokens == WINDOW_TOKENS else 1, self.precision, self.layers
+
+    @property
+    def model_key(self) -> tuple[str, int]:
+        """The MiniLM that embeds the lever's windows and queries (:func:`encoder`'s arguments)."""
+        return self.precision, self.layers
 
 
 LEVERS = (
@@ -84,6 +96,9 @@ LEVERS = (
     Lever("top 20, first 64-piece window", candidates=20, windows=1, window_tokens=SHORT_WINDOW),
     Lever("top 10, first 64-piece window", candidates=10, windows=1, window_tokens=SHORT_WINDOW),
     Lever("top 30, first 64-piece window, int8 Linear layers", candidates=30, windows=1, window_tokens=SHORT_WINDOW, precision="int8"),
+    Lever("top 30, first 64-piece window, MiniLM's first 5 of 6 layers", candidates=30, windows=1, window_tokens=SHORT_WINDOW, layers=5),
+    Lever("top 30, first 64-piece window, MiniLM's first 4 of 6 layers", candidates=30, windows=1, window_tokens=SHORT_WINDOW, layers=4),
+    Lever("top 30, first 64-piece window, MiniLM's first 3 of 6 layers", candidates=30, windows=1, window_tokens=SHORT_WINDOW, layers=3),
     Lever("top 50, first 48-piece window", windows=1, window_tokens=48),
     Lever("top 40, first 48-piece window", candidates=40, windows=1, window_tokens=48),
     Lever("top 30, first 48-piece window", candidates=30, windows=1, window_tokens=48),
@@ -95,6 +110,28 @@ LEVERS = (
     Lever("top 50, static keeps 20, first 64-piece window", prefilter=20, windows=1, window_tokens=SHORT_WINDOW),
     Lever("top 50, static keeps 10, first 64-piece window", prefilter=10, windows=1, window_tokens=SHORT_WINDOW),
 )
+
+
+@functools.lru_cache(maxsize=4)
+def encoder(precision: Precision = "auto", layers: int = 0):
+    """MiniLM at ``precision`` (:func:`~infmem_verl.agent.rerank._encoder`), keeping only its
+    first ``layers`` transformer layers when 0 < ``layers`` < 6: the sentence embedding is then
+    the same mean pooling over the truncated stack's output.
+
+    Why a lever: the Linear layers are 76% of a pass's CPU and attention 15%, all of it per layer
+    (docs/experiments/2026-12-04-retrieval-cost.md, section 5), so k of 6 layers read the same
+    word pieces for about k/6 of the CPU, where shorter windows and fewer candidates lose what
+    the question names. all-MiniLM-L6-v2 was trained for its last layer's output only, so what
+    an earlier layer's pooled output is worth for retrieval is what this measures. A copy: the
+    stage's own model (and the float32 one the static stage distils from) stays whole.
+    """
+    model = _encoder(precision)
+    if model is None or layers <= 0 or layers >= model.config.num_hidden_layers:
+        return model
+    model = copy.deepcopy(model)
+    model.encoder.layer = model.encoder.layer[:layers]
+    model.config.num_hidden_layers = layers
+    return model
 
 
 @dataclass
@@ -175,7 +212,7 @@ def cold_cost(lever: Lever, hay: Haystack, static: list[np.ndarray], n: int) -> 
     all new."""
     cpu = wall = 0.0
     pieces = 0
-    model = _encoder(lever.precision)
+    model = encoder(*lever.model_key)
     for i in range(n):
         units, _ = choose(lever, hay.pools[i], static[i])
         encoding, _ = window_encoding([hay.units[u] for u in units], lever.window_tokens, lever.windows)
@@ -211,14 +248,16 @@ def batched_cost(hay: Haystack, n: int, candidates: int = 20) -> tuple[float, fl
     return one / count, each / count
 
 
-def defaults_in_order(hay: Haystack, cfg: RetrievalConfig, precision: Precision = "auto") -> tuple[float, float, int]:
+def defaults_in_order(
+    hay: Haystack, cfg: RetrievalConfig, precision: Precision = "auto", layers: int = 0
+) -> tuple[float, float, int]:
     """Recall@4, CPU seconds per query and units embedded of ``cfg`` (the defaults, unless
     ``--set``) through ``BM25Index.search``, every query in order over one shared cache, MiniLM
-    at ``precision``."""
+    at ``precision`` with its first ``layers`` layers (0: all)."""
     index = BM25Index.of_document(hay.doc, cfg, hay.units)
     assert index.rerank, "the defaults rerank at 1M tokens"
-    if precision != "auto":  # the index's own cache, created before its first search would
-        index._embeddings = UnitEmbeddings(hay.units, cfg.rerank_window_tokens, cfg.rerank_windows, _encoder(precision))
+    if precision != "auto" or layers:  # the index's own cache, created before its first search would
+        index._embeddings = UnitEmbeddings(hay.units, cfg.rerank_window_tokens, cfg.rerank_windows, encoder(precision, layers))
     with Clock() as clock:
         tops = [np.array([h.unit for h in index.search(q, 4)], dtype=np.int64) for q in hay.queries]
     hits = sum(bool(np.isin(top, g).any()) for top, g in zip(tops, hay.gold))
@@ -232,11 +271,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--cold", type=int, default=8, help="queries timed cold per lever")
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument(
-        "--levers", default="", help="only the levers whose names contain one of these ';'-separated strings (default: all)"
+        "--levers",
+        default="",
+        help="only the levers whose names contain one of these ';'-separated strings, or equal one that starts with '=' (default: all)",
     )
     parser.add_argument(
         "--precision", default="auto", choices=typing.get_args(Precision), help="MiniLM's precision in the defaults' run"
     )
+    parser.add_argument("--layers", type=int, default=0, help="MiniLM's first layers in the defaults' run (0: all six)")
     parser.add_argument("--no-defaults", action="store_true", help="skip the defaults' run through BM25Index.search")
     parser.add_argument("--defaults-only", action="store_true", help="only the defaults' run through BM25Index.search")
     parser.add_argument(
@@ -264,12 +306,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         bm25 = sum(bool(np.isin([h.unit for h in p[:4]], g).any()) for p, g in zip(hay.pools, hay.gold)) / len(hay.pools)
         table.setdefault("BM25 with headings alone (stage off)", {})[name] = (bm25, 0.0, 0.0, 0.0)
         if not args.defaults_only:
-            chosen = [lever for lever in LEVERS if not args.levers or any(part in lever.name for part in args.levers.split(";"))]
+            parts = args.levers.split(";")
+            chosen = [lever for lever in LEVERS if not args.levers or any(picks(part, lever.name) for part in parts)]
             extra += levers(hay, table, args.cold, chosen)
         if not args.no_defaults:
             changes = {k: int(v) for k, v in (pair.split("=") for pair in args.set.split(",") if pair)}
-            recall, cpu, embedded = defaults_in_order(hay, dataclasses.replace(RetrievalConfig(), **changes), args.precision)
-            changed = ", ".join(filter(None, [args.set, "" if args.precision == "auto" else args.precision]))
+            config = dataclasses.replace(RetrievalConfig(), **changes)
+            recall, cpu, embedded = defaults_in_order(hay, config, args.precision, args.layers)
+            depth = f"MiniLM's first {args.layers} layers" if args.layers else ""
+            changed = ", ".join(filter(None, [args.set, "" if args.precision == "auto" else args.precision, depth]))
             label = f"the defaults{' with ' + changed if changed else ''}, BM25Index.search, queries in order"
             table.setdefault(label, {})[name] = (recall, cpu, float("nan"), float("nan"))
             extra.append(f"{name}: defaults in order: {embedded} units embedded for {len(hay.queries)} queries; load {os.getloadavg()[0]:.1f}")
@@ -283,6 +328,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(line)
 
 
+def picks(part: str, name: str) -> bool:
+    """Whether ``--levers``'s ``part`` names the lever ``name``: "=name" exactly, else any part of it."""
+    return part[1:] == name if part.startswith("=") else part in name
+
+
 def levers(hay: Haystack, table: dict[str, dict[str, tuple]], cold: int, chosen: Sequence[Lever] = LEVERS) -> list[str]:
     """Recall@4 and cold cost of every lever of ``chosen`` on ``hay`` into ``table``; the
     batching figure as a line."""
@@ -291,15 +341,15 @@ def levers(hay: Haystack, table: dict[str, dict[str, tuple]], cold: int, chosen:
     name = hay.name
     wanted = sorted({h.unit for pool in hay.pools for h in pool})
     texts = [hay.units[u] for u in wanted]
-    windows: dict[tuple[int, int, str], Windows] = {}
-    queries: dict[str, np.ndarray] = {}
+    windows: dict[tuple[int, int, str, int], Windows] = {}
+    queries: dict[tuple[str, int], np.ndarray] = {}
     for lever in chosen:
         if lever.vectors_key not in windows:
-            window_tokens, max_windows, precision = lever.vectors_key
+            window_tokens, max_windows, _, _ = lever.vectors_key
             windows[lever.vectors_key] = passes = Windows()
-            passes.add(wanted, texts, window_tokens, max_windows, _encoder(precision))
-        if lever.precision not in queries:
-            queries[lever.precision] = embed(hay.queries, _encoder(lever.precision))
+            passes.add(wanted, texts, window_tokens, max_windows, encoder(*lever.model_key))
+        if lever.model_key not in queries:
+            queries[lever.model_key] = embed(hay.queries, encoder(*lever.model_key))
     static: list[np.ndarray | None] = [None] * len(hay.queries)
     build_cpu = 0.0
     if any(lever.prefilter for lever in chosen):
@@ -308,7 +358,10 @@ def levers(hay: Haystack, table: dict[str, dict[str, tuple]], cold: int, chosen:
             static_embeddings.similarities(hay.queries[0], np.zeros(1, dtype=np.int64))
         build_cpu = static_build.cpu
         static = [static_embeddings.similarities(q, np.array([h.unit for h in p], dtype=np.int64)) for q, p in zip(hay.queries, hay.pools)]
-    passes = ", ".join(f"{k[0]}-piece {'every window' if k[1] == 0 else 'first window'} {k[2]} {w.cpu:.0f} s" for k, w in windows.items())
+    passes = ", ".join(
+        f"{k[0]}-piece {'every window' if k[1] == 0 else 'first window'} {k[2]}{f' {k[3]} layers' if k[3] else ''} {w.cpu:.0f} s"
+        for k, w in windows.items()
+    )
     print(
         f"{name}: {hay.num_tokens:,} tokens, {len(hay.units)} units, {len(hay.queries)} queries; "
         f"{len(wanted)} pooled units embedded (CPU: {passes}); static stage over the document {build_cpu:.1f} s CPU; "
@@ -316,7 +369,7 @@ def levers(hay: Haystack, table: dict[str, dict[str, tuple]], cold: int, chosen:
         flush=True,
     )
     for lever in chosen:
-        recall = recall_at_4(lever, hay, windows[lever.vectors_key], queries[lever.precision], static)
+        recall = recall_at_4(lever, hay, windows[lever.vectors_key], queries[lever.model_key], static)
         cpu, wall, pieces = cold_cost(lever, hay, static, cold)
         table.setdefault(lever.name, {})[name] = (recall, cpu, wall, pieces)
         print(
