@@ -5,12 +5,13 @@ The warm-up (:mod:`infmem_verl.cpu.warmup`) runs the real ``python -m infmem_ver
 student on held-out documents with the agent core, and caches the model with its report. Two
 sizes: the ``warm_model`` fixture of conftest.py (4 distilled trajectories, 3 SFT steps) proves
 the chain, and GRPO from its SFT output, in console mode, is the learning run of
-tests/test_cpu_training_runs.py; a longer one (64 trajectories, 300 steps, about 4 minutes)
+tests/test_cpu_training_runs.py; a longer one (64 trajectories, 300 steps, about 5 minutes)
 proves the student learns the protocol, against a threshold it reaches.
 """
 
 from __future__ import annotations
 
+import torch
 from conftest import WARMUP_SMALL, demo_config
 from infmem_verl.cpu.warmup import warm_qwen3_dir
 from infmem_verl.warmup_report import warmup_report
@@ -53,18 +54,20 @@ def test_the_check_samples_at_the_warm_ups_own_settings_whatever_the_launch_samp
 
 
 # Between the suite's chain check and `make demo` (128 trajectories, 500 steps of batch 8: 95-99%
-# of PreThink actions, 94-98% of Writes valid). Checked greedily (check_temperature=0): a seeded
-# check is reproducible (TransformersPolicy seeds each call by its prompt), and greedy decoding
-# takes the sampling noise out, so what varies is the build. The build varies even at one seed:
-# the distillation writes its SFT samples in the order its concurrent rollouts finish (measured
-# 2026-12-04: two runs of seed 100 held the same 46 samples, token for token, in another order),
-# and the SFT batches follow that order. Spread over four builds (seeds 100, 101, 102 on
-# 2026-12-03, seed 100 in a 2026-12-04 suite run; docs/experiments/2026-12-03-demo-student.md):
-# PreThink valid 80 / 93 / 88 / 66% (mean 82, sd 12), Writes valid 100 / 86 / 97 / 97% (mean 95,
-# sd 6); the thresholds sit at mean - 2 sd. The fourth build read all 4 chunks of every held-out
-# document (no early stop), so an early stop is not asserted. At the demo's 0.6 the first three
-# read 60 / 92 / 66% and 98 / 91 / 86% (a CI build read 45%). About 4 min alone on 2 cores.
+# of PreThink actions, 94-98% of Writes valid). Checked greedily (check_temperature=0) at one torch
+# thread, as the suite's workers run (conftest.py): the thread count changes the build (seed 103
+# built 94% / 100% at one thread, 79% / 79% at two, 2026-12-05). A build still varies across seeds,
+# code changes and runs, so the bar comes from the spread of eleven builds (seeds 100-104 in sample
+# order, 2026-12-04; seeds 100, 101, 102, 100 in completion order before; seed 103 at one and at
+# two threads, 2026-12-05; docs/experiments/2026-12-03-demo-student.md): PreThink valid 52 / 100 /
+# 100 / 89 / 91 / 80 / 93 / 88 / 66 / 94 / 79% (mean 85, sd 15), Writes valid 100 / 100 / 95 / 94 /
+# 100 / 100 / 86 / 97 / 97 / 100 / 79% (mean 95, sd 7). Each alone swings too far for a bar that
+# catches a regression (two of the eleven fell under its mean - 2 sd); their mean per build does not
+# (76 / 100 / 98 / 92 / 96 / 90 / 90 / 93 / 82 / 97 / 79%: mean 90, sd 8), and its bar sits at
+# mean - 2 sd, 74%. An early stop is not asserted (seed 102 read all 4 chunks of every held-out
+# document). About 5.5 min alone on 2 idle cores.
 WARMUP_CHECKED = [
+    "infmem.warmup.seed=103",
     "infmem.warmup.hidden_size=128",
     "infmem.warmup.lr=1.0e-2",
     "infmem.warmup.distill_samples=64",
@@ -76,14 +79,20 @@ WARMUP_CHECKED = [
 ]
 
 
-def test_a_longer_warm_up_follows_the_protocol_on_held_out_documents(tmp_path):
-    model = warm_qwen3_dir(demo_config(*WARMUP_CHECKED), "demo", WARMUP_CHECKED, cache_dir=tmp_path)
+def test_a_longer_warm_up_follows_the_protocol_on_held_out_documents(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the SFT subprocess's threads, as in the suite
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the held-out check runs here
+    try:
+        model = warm_qwen3_dir(demo_config(*WARMUP_CHECKED), "demo", WARMUP_CHECKED, cache_dir=tmp_path)
+    finally:
+        torch.set_num_threads(threads)
     report = warmup_report(model)
     losses = report.sft_losses
     assert len(losses) == 300 and sum(losses[-20:]) / 20 < 0.25 * sum(losses[:20]) / 20
     heldout = report.heldout
     assert heldout.samples == 16
-    assert heldout.prethink_valid >= 0.58 and heldout.write_valid >= 0.82, heldout
+    assert (heldout.prethink_valid + heldout.write_valid) / 2 >= 0.74, heldout
     # A student that follows the protocol uses it: it retrieves.
     assert heldout.retrieval_calls > 0
 
