@@ -24,6 +24,20 @@ Levers (issue 30's order of cost): ``--heads`` / ``--hidden`` / ``--layers`` (th
 induction-style circuit), ``--lr``, ``--space`` (the answer written ``\\boxed{ Name}`` so its
 tokens are the memory's: without the space Qwen3's pre-tokenizer splits the name differently
 from the same name after a space in the fact sentence).
+
+``--induction-steps N`` first trains the same student N steps on a copy pre-task
+(:class:`InductionTask`): short windows of Wikipedia token ids (or random ids) in which a random
+span appears twice, only the second occurrence scored. Copying a fact is mostly copying invented
+names, i.e. an induction circuit (attend to the token after the earlier occurrence of the current
+token, copy it); a 2-layer student trained from scratch must form that circuit before any copy
+lowers the protocol's loss. The pre-task asks for nothing else, at a fraction of a protocol step's
+cost, so it tests whether forming the circuit first is what the slow onset of copying waits for.
+It prints its own held-out copy accuracy (the share of the repeats' tokens predicted greedily
+after the true prefix); the probe then continues on the same weights with a fresh optimizer.
+The defaults are the setting measured in docs/experiments/2026-12-05-copying-student.md (text,
+64 tokens, spans 8-32, lr 1e-2: 39% held-out copy after 1,500 steps, ~120 CPU-s). Keep the
+spans' positions free: a fixed offset (e.g. span 32 in 64 tokens) is learnt in 100 steps by a
+head attending a fixed distance back, which is no induction circuit.
 """
 
 from __future__ import annotations
@@ -85,6 +99,26 @@ class ProbeConfig:
     heldout_data: str = ""
     seed: int = 1
     model_seed: int = 0
+    # the copy pre-task (InductionTask), run before the probe on the same weights; 0 steps: none
+    induction_steps: int = 0
+    induction_length: int = 64  # tokens a sequence
+    induction_min_span: int = 8  # the repeated span's length, drawn uniformly in [min, max]
+    induction_max_span: int = 32
+    induction_source: str = "text"  # text: Wikipedia paragraphs' ids; random: uniform ids
+    induction_batch: int = 16
+    induction_lr: float = 1e-2  # 0: --lr
+    induction_eval_every: int = 100
+
+
+@dataclass
+class InductionPoint:
+    """The copy pre-task at one evaluation."""
+
+    step: int
+    train_loss: float
+    copy_acc: float  # held-out share of the repeats' scored tokens predicted greedily
+    cpu_s: float
+    load: float
 
 
 @dataclass
@@ -105,6 +139,7 @@ class ProbeResult:
     points: list[ProbePoint] = field(default_factory=list)
     prompt_tokens: float = 0.0  # mean answer-prompt length
     distinct_samples: int = 0  # training samples, each seen once unless pool
+    induction: list[InductionPoint] = field(default_factory=list)  # the pre-task's curve, if run
 
     def best_sub_em(self) -> float:
         return max((p.sub_em for p in self.points), default=0.0)
@@ -204,6 +239,112 @@ def exact_share(model, pairs: Sequence[tuple[np.ndarray, np.ndarray]], pad_id: i
     return out
 
 
+class InductionTask:
+    """The copy pre-task's sequences: ``length`` tokens in which a span of ``min_span`` to
+    ``max_span`` tokens appears twice, the second occurrence overwriting the tokens at its place.
+
+    Only the repeat is scored, and only from its second token on (its first token cannot be
+    known before it is seen): :meth:`sample` returns the ids and the mask of positions whose
+    next token is scored, in the convention of :func:`_batch`. ``source`` "text" draws windows
+    of consecutive Wikipedia paragraphs' ids (the pool :mod:`infmem_verl.sft.fresh` splices facts
+    into; its last tenth is kept for held-out windows), "random" uniform ids of the learned
+    vocabulary (no special tokens).
+    """
+
+    def __init__(self, tokenizer, length: int = 192, min_span: int = 10, max_span: int = 40, source: str = "text"):
+        if not 2 <= min_span <= max_span or 2 * max_span > length:
+            raise ValueError(f"spans {min_span}-{max_span}: need 2 <= min <= max and two spans within {length} tokens")
+        if source not in ("text", "random"):
+            raise ValueError(f"source: expected 'text' or 'random', got {source!r}")
+        self.length, self.min_span, self.max_span, self.source = length, min_span, max_span, source
+        self.vocab = tokenizer.vocab_size  # the learned tokens; the added (special) ones follow
+        if source == "text":
+            from infmem_verl.sft.fresh import _pool_ids
+
+            stream = np.concatenate(_pool_ids(tokenizer)[1])
+            cut = len(stream) * 9 // 10
+            self.streams = {False: stream[:cut], True: stream[cut:]}
+
+    def sample(self, rng: random.Random, heldout: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """One sequence's ids and its scored-position mask (``mask[i]``: ``ids[i + 1]`` is scored)."""
+        if self.source == "text":
+            stream = self.streams[heldout]
+            start = rng.randrange(len(stream) - self.length)
+            ids = stream[start : start + self.length].astype(np.int64)
+        else:
+            ids = np.array([rng.randrange(self.vocab) for _ in range(self.length)], dtype=np.int64)
+        span = rng.randint(self.min_span, self.max_span)
+        first = rng.randrange(self.length - 2 * span + 1)
+        second = rng.randint(first + span, self.length - span)
+        ids[second : second + span] = ids[first : first + span]
+        mask = np.zeros(self.length, dtype=bool)
+        mask[second : second + span - 1] = True
+        return ids, mask
+
+    def batch(self, rng: random.Random, size: int, heldout: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = [self.sample(rng, heldout) for _ in range(size)]
+        return torch.from_numpy(np.stack([r[0] for r in rows])), torch.from_numpy(np.stack([r[1] for r in rows]))
+
+
+def _cosine(steps: int, warmup_ratio: float):
+    """verl's SFT schedule as a LambdaLR factor: linear warm-up, cosine to a tenth."""
+    warm = max(1, int(steps * warmup_ratio))
+
+    def factor(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        progress = (step - warm) / max(1, steps - warm)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def train_step(model, optimizer, scheduler, ids: torch.Tensor, scored: torch.Tensor, clip_grad: float) -> float:
+    """One AdamW step on the cross-entropy of the ``scored`` positions of ``ids``; its loss."""
+    logits, targets = response_logits(model, ids, scored)
+    loss = torch.nn.functional.cross_entropy(logits, targets)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
+    optimizer.step()
+    scheduler.step()
+    return float(loss.detach())
+
+
+def induction_pretrain(model, tokenizer, cfg: ProbeConfig, say=print) -> list[InductionPoint]:
+    """Train ``model`` ``cfg.induction_steps`` steps on the copy pre-task (own AdamW at
+    ``cfg.induction_lr or cfg.lr``, own warm-up and cosine); return its held-out copy-accuracy
+    curve (256 held-out sequences)."""
+    task = InductionTask(tokenizer, cfg.induction_length, cfg.induction_min_span, cfg.induction_max_span, cfg.induction_source)
+    heldout = task.batch(random.Random(f"induction-heldout:{HELDOUT_SEED}"), 256, heldout=True)
+    rng = random.Random(f"induction:{cfg.seed}")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.induction_lr or cfg.lr, weight_decay=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _cosine(cfg.induction_steps, cfg.warmup_ratio))
+    points: list[InductionPoint] = []
+    losses: list[float] = []
+    started = time.process_time()
+    for step in range(1, cfg.induction_steps + 1):
+        losses.append(train_step(model, optimizer, scheduler, *task.batch(rng, cfg.induction_batch), cfg.clip_grad))
+        if step % cfg.induction_eval_every == 0 or step == cfg.induction_steps:
+            model.eval()
+            with torch.no_grad():
+                logits, targets = response_logits(model, *heldout)
+            model.train()
+            point = InductionPoint(
+                step=step,
+                train_loss=float(np.mean(losses[-cfg.induction_eval_every :])),
+                copy_acc=float((logits.argmax(-1) == targets).float().mean()),
+                cpu_s=time.process_time() - started,
+                load=os.getloadavg()[0],
+            )
+            points.append(point)
+            say(
+                f"[induction] step {step:>5} | loss {point.train_loss:.3f} | held out copy {point.copy_acc:.1%} "
+                f"| cpu {point.cpu_s:.0f} s | load {point.load:.1f}"
+            )
+    return points
+
+
 def distilled_calls(path: str, kind: str) -> list[tuple[np.ndarray, np.ndarray]]:
     """The (prompt, response) ids of every ``kind`` call in a distilled SFT parquet, in file
     order (the response: from the first trained token on)."""
@@ -228,16 +369,10 @@ def run_probe(cfg: ProbeConfig, say=print) -> ProbeResult:
     samples = AnswerSamples(tokenizer, cfg.recipe, cfg.space)
     model = build_model(tokenizer, cfg)
     pad_id = tokenizer.pad_token_id
+    induction = induction_pretrain(model, tokenizer, cfg, say) if cfg.induction_steps else []
+    induction_cpu = induction[-1].cpu_s if induction else 0.0
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-    warm = max(1, int(cfg.steps * cfg.warmup_ratio))
-
-    def lr_at(step: int) -> float:  # verl's SFT schedule: linear warm-up, cosine to a tenth
-        if step < warm:
-            return (step + 1) / warm
-        progress = (step - warm) / max(1, cfg.steps - warm)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _cosine(cfg.steps, cfg.warmup_ratio))
     if cfg.call == "answer":
         heldout_chains = [chain(i, HELDOUT_SEED) for i in range(cfg.heldout)]
         heldout = [(samples.prompt(i), samples.response(i)) for i in heldout_chains]
@@ -271,9 +406,9 @@ def run_probe(cfg: ProbeConfig, say=print) -> ProbeResult:
     carries = [not _contains(r.tolist(), nothing) for _, r in heldout]  # a Write that copies a fact
     rng = random.Random(cfg.seed)
     order: list[int] = []
-    result = ProbeResult(cfg, prompt_tokens=float(np.mean([len(p) for p, _ in heldout])))
+    result = ProbeResult(cfg, prompt_tokens=float(np.mean([len(p) for p, _ in heldout])), induction=induction)
     losses: list[float] = []
-    started = time.process_time()
+    started = time.process_time() - induction_cpu  # the probe's CPU-s count the pre-task's too
     say(f"[copy-probe] {json.dumps(dataclasses.asdict(cfg))}; {cfg.call} prompt {result.prompt_tokens:.0f} tokens")
     for step in range(1, cfg.steps + 1):
         if not order:  # one pass over the supply (fresh: the supply is every sample the run needs)
@@ -284,15 +419,7 @@ def run_probe(cfg: ProbeConfig, say=print) -> ProbeResult:
         pairs = [train_pair(i) for i in indices]
         if cfg.call == "fresh":
             pairs += [(c.prompt, c.response) for c in itertools.islice(answers, cfg.extra_answers)]
-        ids, trained = _batch(pairs, pad_id)
-        logits, targets = response_logits(model, ids, trained)
-        loss = torch.nn.functional.cross_entropy(logits, targets)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
-        optimizer.step()
-        scheduler.step()
-        losses.append(float(loss.detach()))
+        losses.append(train_step(model, optimizer, scheduler, *_batch(pairs, pad_id), cfg.clip_grad))
         if step % cfg.eval_every == 0 or step == cfg.steps:
             exact = exact_share(model, heldout, pad_id)
             if cfg.call == "answer":

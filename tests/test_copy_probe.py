@@ -77,3 +77,35 @@ def test_the_fresh_probe_trains_on_every_call_kind_of_new_trajectories(tmp_path)
     assert (tmp_path / "config.json").is_file() and (tmp_path / "tokenizer.json").is_file()
     with pytest.raises(ValueError, match="never repeated"):
         run_probe(dataclasses.replace(cfg, pool=4), say=lambda _: None)
+
+
+@pytest.mark.parametrize("source", ["random", "text"])
+def test_the_induction_pretask_scores_only_the_repeated_span(source):
+    """--induction-steps: each sequence holds one span twice; only the second occurrence's tokens
+    after its first (the ones an induction circuit can predict) are scored."""
+    import random
+
+    from bench.copy_probe import InductionTask
+
+    task = InductionTask(load_tokenizer(str(small_vocab_dir())), length=96, min_span=6, max_span=30, source=source)
+    rng = random.Random(0)
+    for _ in range(50):
+        ids, mask = task.sample(rng)
+        assert ids.shape == mask.shape == (96,) and ids.max() < task.vocab
+        scored = np.flatnonzero(mask) + 1  # the positions of the scored (target) tokens
+        span = len(scored) + 1
+        assert 6 <= span <= 30 and (np.diff(scored) == 1).all()  # one block: the repeat after its first token
+        second = scored[0] - 1
+        assert any(
+            (ids[first : first + span] == ids[second : second + span]).all() for first in range(0, second - span + 1)
+        )  # the whole repeat occurred earlier, without overlapping it
+
+
+def test_a_few_induction_steps_run_before_the_probe_on_the_same_student():
+    cfg = ProbeConfig(
+        steps=2, eval_every=2, heldout=2, batch_size=2, induction_steps=4, induction_eval_every=2,
+        induction_source="random", induction_length=48, induction_min_span=4, induction_max_span=12, induction_batch=4,
+    )  # fmt: skip
+    result = run_probe(cfg, say=lambda _: None)
+    assert [p.step for p in result.induction] == [2, 4] and all(0 <= p.copy_acc <= 1 for p in result.induction)
+    assert [p.step for p in result.points] == [2] and result.points[0].cpu_s >= result.induction[-1].cpu_s
