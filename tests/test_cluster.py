@@ -35,22 +35,26 @@ REPO = Path(__file__).resolve().parents[1]
 
 cluster_smoke = pytest.mark.skipif(
     os.environ.get("INFMEM_CLUSTER_SMOKE") != "1",
-    reason="two smoke jobs on a two-node Ray cluster take 3-12 min: `make smoke-cluster` runs it",
+    reason="two smoke jobs on a two-node Ray cluster take 3-12 min a test: `make smoke-cluster` runs them",
 )
 
 # 16 logical CPUs in all, what the CPU backend's actors reserve on one machine (MIN_RAY_CPUS), split
 # unevenly so that the total the job counts can only be the sum of both nodes.
 HEAD_CPUS, WORKER_CPUS = 9, 7
 RUN = "smoke-cluster"
-# The smallest smoke that still saves: 2 prompts x n=2 (GRPO needs a group), 8K-token documents in
-# two 4K chunks, one agent-loop worker per node (verl places them round-robin over the nodes), no
-# validation.
-SMOKE = (
-    "+recipe=smoke",
+# Both clusters' jobs: a checkpoint every step, the next job resuming from it, one agent-loop
+# worker per node (verl places them round-robin over the nodes), no validation.
+SAVE_AND_RESUME = (
     "trainer.save_freq=1",
     "trainer.resume_mode=auto",
     "trainer.test_freq=-1",
     "actor_rollout_ref.rollout.agent.num_workers=2",
+)
+# The smallest smoke that still saves: 2 prompts x n=2 (GRPO needs a group), 8K-token documents in
+# two 4K chunks.
+SMOKE = (
+    "+recipe=smoke",
+    *SAVE_AND_RESUME,
     "infmem.bootstrap.train_samples=2",
     "infmem.bootstrap.val_samples=1",
     "infmem.bootstrap.doc_tokens=8000",
@@ -59,17 +63,9 @@ SMOKE = (
 
 # verl's own workers across the two nodes (infmem.backend=verl-cpu): one gloo rank on each node's
 # logical GPU slot, its hybrid vLLM-CPU replica beside it, the nodes running in the vLLM venv; the
-# smoke_verl recipe's model and documents, one agent-loop worker per node, no validation.
+# smoke_verl recipe's model and documents.
 VERL_RUN = "smoke-verl-cluster"
-VERL_SMOKE = (
-    "+recipe=smoke_verl",
-    "trainer.nnodes=2",
-    "trainer.n_gpus_per_node=1",
-    "trainer.save_freq=1",
-    "trainer.resume_mode=auto",
-    "trainer.test_freq=-1",
-    "actor_rollout_ref.rollout.agent.num_workers=2",
-)
+VERL_SMOKE = ("+recipe=smoke_verl", "trainer.nnodes=2", "trainer.n_gpus_per_node=1", *SAVE_AND_RESUME)
 # Logical CPUs: verl reserves CPUS_PER_RANK beside each rank's slot; the driver's actors take the rest.
 VERL_HEAD_CPUS, VERL_WORKER_CPUS = 20, 16
 
@@ -99,6 +95,25 @@ def finished_job(cluster: Cluster, job: str, seconds: float) -> str:
     logs = client.get_job_logs(job)
     assert status == JobStatus.SUCCEEDED, logs[-6000:]
     return logs
+
+
+def shared_data(shared: Path) -> tuple[str, str]:
+    """The data overrides of a job whose data files the bootstrap writes under the shared folder."""
+    data = shared / "data"
+    return f"data.train_files={data}/train.parquet", f"data.val_files={data}/val.parquet"
+
+
+def logged_steps(records: Path) -> list[dict]:
+    """Every line of the jobs' ``steps.jsonl``, as written (a step logged twice shows twice)."""
+    return [json.loads(line) for line in (records / "steps.jsonl").read_text().splitlines()]
+
+
+def print_job_lines(tag: str, logs: dict[str, str]) -> None:
+    """Each job's backend, cluster and step lines, under ``tag``."""
+    for job, text in logs.items():
+        for line in text.splitlines():
+            if line.startswith(("[infmem] Ray cluster", "[infmem] backend", "[infmem] step")):
+                print(f"[{tag}] {job}: {line}", flush=True)
 
 
 def agent_loop_placement(cluster: Cluster) -> dict[str, str]:
@@ -142,8 +157,7 @@ def test_a_cpu_run_joining_a_ray_cluster_leaves_the_cpu_count_to_the_cluster(mon
 @cluster_smoke
 def test_a_smoke_job_on_a_two_node_cluster_saves_and_resumes(tmp_path, token_auth):
     shared = tmp_path / "shared"  # "shared storage": one absolute path both nodes see
-    data = shared / "data"
-    data_args = (f"data.train_files={data}/train.parquet", f"data.val_files={data}/val.parquet")
+    data_args = shared_data(shared)
     started = time.monotonic()
     # Ray's session folders hold its Unix sockets, whose paths must stay under 108 bytes.
     ray_root = Path(tempfile.mkdtemp(prefix="infmem-ray-", dir="/tmp"))
@@ -164,10 +178,7 @@ def test_a_smoke_job_on_a_two_node_cluster_saves_and_resumes(tmp_path, token_aut
         flush=True,
     )
     print(f"[cluster smoke] agent-loop workers -> node: {placed}", flush=True)
-    for job, logs in (("job 1", first), ("job 2", second)):
-        for line in logs.splitlines():
-            if line.startswith(("[infmem] Ray cluster", "[infmem] backend", "[infmem] step")):
-                print(f"[cluster smoke] {job}: {line}", flush=True)
+    print_job_lines("cluster smoke", {"job 1": first, "job 2": second})
 
     # The entrypoint joined the cluster and counted both nodes: 9 + 7 CPUs, from the job's own log.
     for logs in (first, second):
@@ -179,7 +190,7 @@ def test_a_smoke_job_on_a_two_node_cluster_saves_and_resumes(tmp_path, token_aut
     assert len(placed) == 4 and set(placed.values()) == set(nodes), placed
     assert "[infmem] step 1/1" in first, first[-4000:]
     records = shared / "tensorboard" / RUN
-    steps = [json.loads(line) for line in (records / "steps.jsonl").read_text().splitlines()]
+    steps = logged_steps(records)
     assert [s["step"] for s in steps] == [1, 2]
     for step in steps:
         assert step["infmem/failed_trajectories"] == 0 and step["infmem/chunks_read"] == step["infmem/num_chunks"] == 2
@@ -203,8 +214,7 @@ def test_a_verl_cpu_job_spans_both_nodes_saves_and_resumes(tmp_path, token_auth)
     command resumes from the first job's checkpoint."""
     python = require_vllm()
     shared = tmp_path / "shared"
-    data = shared / "data"
-    data_args = (f"data.train_files={data}/train.parquet", f"data.val_files={data}/val.parquet")
+    data_args = shared_data(shared)
     started = time.monotonic()
     ray_root = Path(tempfile.mkdtemp(prefix="infmem-ray-", dir="/tmp"))
 
@@ -223,10 +233,7 @@ def test_a_verl_cpu_job_spans_both_nodes_saves_and_resumes(tmp_path, token_auth)
         placed = actor_placement(cluster)
     print(f"\n[verl-cpu cluster] cluster up {up - started:.0f} s, job 1 {one - up:.0f} s, job 2 {two - one:.0f} s", flush=True)
     print(f"[verl-cpu cluster] actors: {sorted((c, n[:8]) for c, n in placed.values())}", flush=True)
-    for name, logs in (("job 1", first), ("job 2", second)):
-        for line in logs.splitlines():
-            if line.startswith(("[infmem] Ray cluster", "[infmem] backend", "[infmem] step")):
-                print(f"[verl-cpu cluster] {name}: {line}", flush=True)
+    print_job_lines("verl-cpu cluster", {"job 1": first, "job 2": second})
 
     total_cpus = VERL_HEAD_CPUS + VERL_WORKER_CPUS
     for logs in (first, second):
@@ -236,7 +243,7 @@ def test_a_verl_cpu_job_spans_both_nodes_saves_and_resumes(tmp_path, token_auth)
     for kind in ("WorkerDict", "vLLMHttpServer"):
         assert {node for cls, node in placed.values() if kind in cls} == nodes, (kind, placed)
     records = shared / "tensorboard" / VERL_RUN
-    steps = [json.loads(line) for line in (records / "steps.jsonl").read_text().splitlines()]
+    steps = logged_steps(records)
     assert [s["step"] for s in steps] == [1, 2]
     for step in steps:
         assert step["infmem/failed_trajectories"] == 0 and step["infmem/optimizer_steps"] == 2, step
