@@ -15,7 +15,7 @@ from infmem_verl.agent import retrieval as retrieval_module
 from infmem_verl.agent.config import DocumentConfig, RetrievalConfig
 from infmem_verl.agent.errors import ConfigError
 from infmem_verl.agent.document import Document
-from infmem_verl.agent.rerank import RRF_K, UnitEmbeddings, embed, embed_windows, fuse, reciprocal_rank_fusion, window_encoding
+from infmem_verl.agent.rerank import RRF_K, UnitEmbeddings, _encoder, embed, embed_windows, fuse, reciprocal_rank_fusion, window_encoding
 from infmem_verl.agent.retrieval import STOPWORDS, Analyzer, BM25Index, Hit, SparseBM25, get_analyzer
 from infmem_verl.assets import wiki_paragraphs
 
@@ -474,6 +474,37 @@ def test_rerank_sees_the_end_of_long_units(units):
     vectors, owner = embed_windows([filler + "\n\n" + painting])
     assert all(w.dtype == np.float16 for w in embeddings._windows.values())
     assert abs(sims[0] - float((vectors[owner == 0] @ embed([query])[0]).max())) < 1e-3
+
+
+class CountingMiniLM:
+    """The stage's own MiniLM, counting its forward passes (the rows of each)."""
+
+    def __init__(self):
+        self.model, self.rows = _encoder(), []
+        self.config = self.model.config
+
+    def __call__(self, **batch):
+        self.rows.append(len(batch["input_ids"]))
+        return self.model(**batch)
+
+
+def test_a_cold_query_and_its_new_candidates_take_one_pass_and_a_repeated_query_none(units):
+    """A query whose candidates are new is embedded in the candidates' pass, not a pass of its
+    own; asked again (another rollout's same question) it runs no pass; new candidates beside a
+    known query run one pass of the candidates alone."""
+    counting = CountingMiniLM()
+    embeddings = UnitEmbeddings(units[:6], window_tokens=64, max_windows=1, model=counting)
+    query = "Which river flows through the capital?"
+    sims = embeddings.similarities(query, np.array([0, 1, 2]))
+    assert counting.rows == [4] and embeddings.passes == 1  # three windows and the query
+    np.testing.assert_allclose(embeddings.similarities(query, np.array([2, 0])), sims[[2, 0]])
+    assert counting.rows == [4]  # cached query and windows: nothing to embed
+    embeddings.similarities(query, np.array([3, 4]))
+    assert counting.rows == [4, 2] and embeddings.passes == 2
+    # The query's vector from the shared pass is the one it gets alone (bfloat16 on a CPU
+    # that computes it natively: within 2e-3 of each other as cosines).
+    vectors, _ = embed_windows(units[:3], window_tokens=64, max_windows=1)
+    np.testing.assert_allclose(sims, vectors @ embed([query])[0], atol=2e-3)
 
 
 def test_window_options_embed_only_each_units_first_windows(units):

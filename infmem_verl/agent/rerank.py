@@ -10,19 +10,19 @@ read only each candidate's first window of 64 pieces (``retrieval.rerank_windows
 ``rerank_window_tokens``), since MiniLM's cost is linear in the pieces it reads. The final order
 fuses BM25 with MiniLM (:func:`fuse`: reciprocal ranks, min-max scaled scores, or MiniLM alone).
 
-Embedding a whole 1M-token document would take minutes of CPU: units are embedded only when
-they first enter a candidate pool, in one batch per query, and cached with the document's index,
-so the n rollouts of a document share them and a 1M-token document never pays for units no query
-reaches. On real questions at 1M (``bench/retrieval.py --sets boolq,fanoutqa --dense-models
-minilm``), over BM25 with headings, score fusion at weight 0.7 over the top 50 lifts recall@4
-from .93-.95 to .99 (BoolQ) and from .90 to .95-.96 (FanOutQA); the first 64 pieces of the top
-30 keep that (``bench/rerank_cost.py``) for a quarter of the CPU a query with new candidates
-costs, one whose candidates are embedded costs ~7 ms. The stage is on by
+Embedding a whole 1M-token document would take minutes of CPU: units are embedded only when they
+first enter a candidate pool, in one pass per query (the query one more row of it), and cached with
+the document's index (query vectors too), so the n rollouts of a document share them and a 1M-token
+document never pays for units no query reaches. On real questions at 1M (``bench/retrieval.py
+--sets boolq,fanoutqa --dense-models minilm``), over BM25 with headings, score fusion at weight 0.7
+over the top 50 lifts recall@4 from .93-.95 to .99 (BoolQ) and from .90 to .95-.96 (FanOutQA); the
+first 64 pieces of the top 30 keep that (``bench/rerank_cost.py``) for a quarter of the CPU a query
+with new candidates costs, one whose candidates are embedded costs ~7 ms. The stage is on by
 default past 128K tokens, where BM25 alone falls below recall@4 .95 (see
 ``RetrievalConfig.rerank``), and this is its default embedder; :mod:`.static_embed` is the cheap
 one (``retrieval.rerank_model="static"``): the same fusions, the whole document embedded in
-seconds, gaining little. Where the CPU computes bfloat16 natively the passes run MiniLM in
-bfloat16 (:func:`_encoder`).
+seconds, gaining little. Where the CPU computes bfloat16 natively the passes run MiniLM in bfloat16
+(:func:`_encoder`).
 """
 
 from __future__ import annotations
@@ -39,6 +39,9 @@ WINDOW_OVERLAP = 32
 # Longest query embedded, in word pieces.
 QUERY_TOKENS = 256
 BATCH_SIZE = 32
+# Query vectors kept per document: a trajectory's queries, and the same question from each of
+# the n rollouts.
+QUERY_CACHE = 256
 # The usual reciprocal-rank-fusion constant: ranks 1 and 2 differ little, so neither ranker's
 # top choice dominates on its own.
 RRF_K = 60
@@ -143,11 +146,27 @@ def _encode(encoding, model=None) -> np.ndarray:
     return out.numpy()
 
 
-def embed(texts: Sequence[str], model=None) -> np.ndarray:
-    """Embeddings of ``texts`` (each truncated to :data:`QUERY_TOKENS` pieces), float32 [n, 384]."""
+def query_encoding(texts: Sequence[str]):
+    """MiniLM's padded encoding of ``texts`` as queries (each truncated to :data:`QUERY_TOKENS` pieces)."""
     tokenizer, _ = _load_minilm()
-    encoding = tokenizer(list(texts), padding=True, truncation=True, max_length=QUERY_TOKENS, return_tensors="pt")
-    return _encode(encoding, model)
+    return tokenizer(list(texts), padding=True, truncation=True, max_length=QUERY_TOKENS, return_tensors="pt")
+
+
+def embed(texts: Sequence[str], model=None) -> np.ndarray:
+    """Embeddings of ``texts`` as queries (:func:`query_encoding`), float32 [n, 384]."""
+    return _encode(query_encoding(texts), model)
+
+
+def _stack(first, second):
+    """Two padded encodings as one batch (rows of ``first``, then ``second``'s), right-padded to
+    the wider: :func:`_encode` sorts rows by length and cuts each batch to its longest."""
+    import torch
+
+    width = max(first["input_ids"].shape[1], second["input_ids"].shape[1])
+    return {
+        k: torch.cat([torch.nn.functional.pad(e[k], (0, width - e[k].shape[1])) for e in (first, second)])
+        for k in first
+    }
 
 
 def window_encoding(texts: Sequence[str], window_tokens: int = WINDOW_TOKENS, max_windows: int = 0):
@@ -242,6 +261,7 @@ class UnitEmbeddings:
         # unit -> [windows, dim], float16: half the memory of float32 (a 1M-token document
         # fully embedded holds ~8.6 MiB instead of ~17), and a cosine off by under 1e-3.
         self._windows: dict[int, np.ndarray] = {}
+        self._queries: dict[str, np.ndarray] = {}  # query -> vector, the last QUERY_CACHE queries
         self._lock = threading.Lock()
         self.passes = 0  # embedding batches run (tests and rollout metrics read it)
 
@@ -252,18 +272,33 @@ class UnitEmbeddings:
 
     def similarities(self, query: str, units: np.ndarray) -> np.ndarray:
         """Best window cosine similarity of ``query`` to each of ``units`` (float64, given order)."""
-        self._ensure(units)
-        q = embed([query], self.model)[0]
+        q = self._ensure(units, query)
         return np.array([float((self._windows[int(u)].astype(np.float32) @ q).max()) for u in units], dtype=np.float64)
 
-    def _ensure(self, units: np.ndarray) -> None:
+    def _ensure(self, units: np.ndarray, query: str | None = None) -> np.ndarray | None:
+        """Embed the units of ``units`` not cached yet and ``query`` unless cached, in one MiniLM
+        pass; the query's vector. A pass has a fixed cost of its own (a short query alone takes
+        ~8 ms, one more row beside 30 windows a fraction of that), and the n rollouts of a
+        document ask the same question, so query vectors are cached too."""
         with self._lock:
             missing = sorted({int(u) for u in units} - self._windows.keys())
+            q = self._queries.get(query) if query is not None else None
+            if not missing and (query is None or q is not None):
+                return q
             if not missing:
-                return
-            vectors, owner = embed_windows(
-                [self.unit_texts[u] for u in missing], self.window_tokens, self.max_windows, self.model
-            )
-            self.passes += 1
-            for i, unit in enumerate(missing):
-                self._windows[unit] = vectors[owner == i].astype(np.float16)
+                q = embed([query], self.model)[0]
+            else:
+                encoding, owner = window_encoding([self.unit_texts[u] for u in missing], self.window_tokens, self.max_windows)
+                if query is not None and q is None:
+                    encoding = _stack(encoding, query_encoding([query]))
+                vectors = _encode(encoding, self.model)
+                self.passes += 1
+                for i, unit in enumerate(missing):
+                    self._windows[unit] = vectors[: len(owner)][owner == i].astype(np.float16)
+                if query is not None and q is None:
+                    q = vectors[len(owner)]
+            if query is not None:
+                if len(self._queries) >= QUERY_CACHE:
+                    self._queries.pop(next(iter(self._queries)))  # the oldest: dicts keep insertion order
+                self._queries[query] = q
+            return q
