@@ -1,10 +1,10 @@
 """Rollout-efficiency benchmark: agent rollout throughput against raw generation of the same calls.
 
 Run ``python -m bench.rollout`` (small shapes: 2 documents x n=4 of 32K tokens at 8 in flight,
-2 documents of 1M tokens at 2, one rollout each; about an hour on 2 cores, most of it the 1M
-pairs) or ``--full`` (the recipes' shapes:
-16 documents x n=4 of 32K at 64 in flight, the RL step of one agent-loop worker; 8 documents of
-1M tokens at 8, the evaluation; hours on 2 cores). It prints one table per agent and shape, then
+three pairs; 2 documents of 1M tokens at 2, one rollout each, one pair; about 35 minutes on 2
+cores, 27 of them at 1M) or ``--full`` (the recipes' shapes: 16 documents x n=4 of 32K at 64 in
+flight, the RL step of one agent-loop worker; 8 documents of 1M tokens at 8, the evaluation; hours
+on 2 cores). It prints one table per agent and shape, then
 the last line ``agent rollout throughput / raw generation: R`` (the lowest R).
 
 Against a real CPU vLLM server (``.venv-vllm``, started by the tests' launcher
@@ -21,7 +21,8 @@ server's dev mode), so the replay does not find the agent's prompts cached. R = 
 over replay tokens/s (the same tokens: the replay's wall time over the agent's). What R misses is
 what our code costs: preparing documents, retrieval, prompt building, parsing, the HTTP client,
 and the server idling while the loop works. Agent run and replay alternate ``--repeats`` times
-and R pools them, so a change of load on shared cores hits both.
+and R pools them, so a change of load on shared cores hits both (one pair's R moved by +-20%
+within minutes at the RL shape, docs/experiments/2026-12-06-rollout-1m.md).
 
 The random tiny model never emits its end token, so every call spends its whole budget; the
 budgets are small (``--thinking-tokens``, ``--output-tokens``) so that a call costs the server
@@ -85,6 +86,7 @@ class Shape:
     tokens: int
     n: int
     concurrency: int
+    repeats: int  # (agent run, replay) pairs by default: a pair's R moves by +-20% on shared cores
 
     def describe(self) -> str:
         return f"{self.docs} docs x n={self.n} of {self.tokens // 1024}K tokens, {self.concurrency} in flight"
@@ -92,8 +94,9 @@ class Shape:
 
 # The RL recipes: 128 prompts x n=4 over 8 agent-loop workers = 64 trajectories per worker's event
 # loop, 32K-token documents. The evaluation: one rollout per 1M-token document, 8 samples in flight.
-FULL = (Shape("rl", 16, 32 * 1024, 4, 64), Shape("eval", 8, 1024 * 1024, 1, 8))
-SMALL = (Shape("rl", 2, 32 * 1024, 4, 8), Shape("eval", 2, 1024 * 1024, 1, 2))
+# A 1M-token pair takes ~14 minutes (InfMem) on 2 cores, a small RL pair ~1.
+FULL = (Shape("rl", 16, 32 * 1024, 4, 64, 1), Shape("eval", 8, 1024 * 1024, 1, 8, 1))
+SMALL = (Shape("rl", 2, 32 * 1024, 4, 8, 3), Shape("eval", 2, 1024 * 1024, 1, 2, 1))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -421,7 +424,7 @@ def bench_shape(shape: Shape, args, tokenizer, url: str) -> list[tuple[str, floa
         variants = {"both": [True, False], "first": [True], "background": [False]}[args.index]
         variants = variants if agent_name == "infmem" else [False]  # MemAgent builds no index
         pairs: dict[bool, list[tuple[Run, Run]]] = {v: [] for v in variants}
-        for repeat in range(args.repeats):  # alternated, so that a load change on the shared cores hits both
+        for repeat in range(args.repeats or shape.repeats):  # alternated, so that a load change on the shared cores hits both
             for index_first in variants if repeat % 2 == 0 else variants[::-1]:
                 reset_prefix_cache(url)
                 run = agent_run(agent_name, config(args), tokenizer, url, data, shape, index_first)
@@ -443,7 +446,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--agents", default="infmem,memagent", type=lambda s: s.split(","))
     parser.add_argument("--thinking-tokens", type=int, default=16, help="thinking budget of every call")
     parser.add_argument("--output-tokens", type=int, default=32, help="output budget of every call (and the memory cap)")
-    parser.add_argument("--repeats", type=int, default=2, help="agent run + replay pairs per agent and shape")
+    parser.add_argument("--repeats", type=int, default=0, help="agent run + replay pairs per agent and shape (0: the shape's, 3 at the small RL shape, else 1)")
     parser.add_argument("--rerank", choices=("auto", "on", "off"), default="auto", help="the retriever's dense stage (auto: the default's length rule)")
     parser.add_argument(
         "--index",

@@ -480,11 +480,14 @@ class CountingMiniLM:
     """The stage's own MiniLM, counting its forward passes (the rows of each)."""
 
     def __init__(self):
-        self.model, self.rows = _encoder(), []
+        self.model, self.rows, self.threads = _encoder(), [], []
         self.config = self.model.config
 
     def __call__(self, **batch):
+        import torch
+
         self.rows.append(len(batch["input_ids"]))
+        self.threads.append(torch.get_num_threads())
         return self.model(**batch)
 
 
@@ -505,6 +508,29 @@ def test_a_cold_query_and_its_new_candidates_take_one_pass_and_a_repeated_query_
     # that computes it natively: within 2e-3 of each other as cosines).
     vectors, _ = embed_windows(units[:3], window_tokens=64, max_windows=1)
     np.testing.assert_allclose(sims, vectors @ embed([query])[0], atol=2e-3)
+
+
+def test_minilm_passes_run_on_rerank_threads_and_leave_every_other_threads_count(units):
+    """``retrieval.rerank_threads`` sets torch's threads for the passes on the searching thread
+    only, and puts them back: the caller's count (a policy's, the event loop's) is untouched."""
+    import concurrent.futures
+
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        index = BM25Index.build(units[:8], RetrievalConfig(rerank=True, rerank_threads=1, rerank_window_tokens=64, rerank_windows=1))
+        counting = CountingMiniLM()
+        index.embeddings.model = counting
+        index.search(units[0][:80], top_k=2)  # here
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:  # and on a worker thread, as rollouts search
+            worker_after = pool.submit(lambda: (index.search(units[3][:80], top_k=2), torch.get_num_threads())[1]).result()
+        assert counting.threads == [1, 1] and torch.get_num_threads() == 2 and worker_after == 2
+        with pytest.raises(ConfigError, match="rerank_threads"):
+            RetrievalConfig(rerank_threads=0).validate()
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_window_options_embed_only_each_units_first_windows(units):

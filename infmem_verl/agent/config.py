@@ -154,6 +154,11 @@ class RetrievalConfig:
     # How many of each candidate's first windows MiniLM reads (0: all, overlapping by a quarter
     # of their length up to 32 pieces).
     rerank_windows: int = 1
+    # torch threads of MiniLM's passes, set on the thread that runs them (torch's OpenMP thread
+    # counts are per thread) and restored after. One: where a server or trainer shares the cores
+    # a second thread spins waiting for a core, and a cold query took 1.5 s instead of 0.1
+    # (docs/experiments/2026-12-06-rollout-1m.md).
+    rerank_threads: int = 1
     # How the second stage fuses BM25 and embeddings: "rrf", "score" (weighted, min-max scaled) or "dense".
     fusion: Literal["rrf", "score", "dense"] = "score"
     # The cosine's weight in score fusion (the BM25 score gets 1 - fusion_weight).
@@ -210,6 +215,7 @@ class RetrievalConfig:
             self.rerank_window_tokens,
         )
         _check(self.rerank_windows >= 0, f"{path}.rerank_windows", "an integer >= 0 (0: every window)", self.rerank_windows)
+        _check(self.rerank_threads >= 1, f"{path}.rerank_threads", "an integer >= 1", self.rerank_threads)
         _check(self.fusion in ("rrf", "score", "dense"), f"{path}.fusion", "'rrf', 'score' or 'dense'", self.fusion)
         _check(0 <= self.fusion_weight <= 1, f"{path}.fusion_weight", "a number in [0, 1]", self.fusion_weight)
         _check(self.cache_size >= 1, f"{path}.cache_size", "an integer >= 1", self.cache_size)

@@ -27,6 +27,7 @@ seconds, gaining little. Where the CPU computes bfloat16 natively the passes run
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from typing import Literal, Sequence
@@ -123,9 +124,28 @@ def _int8_model(model):
         return quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
 
 
-def _encode(encoding, model=None) -> np.ndarray:
+@contextlib.contextmanager
+def _torch_threads(threads: int | None):
+    """torch's intra-op threads set to ``threads`` on this thread for the block, then restored
+    (None: unchanged). With OpenMP, which torch's CPU wheels use, the count is the calling
+    thread's own: the event loop's or a policy's threads keep theirs."""
+    import torch
+
+    if threads is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _encode(encoding, model=None, threads: int | None = None) -> np.ndarray:
     """Mean-pooled, L2-normalised embeddings of a padded batch encoding, float32 [n, dim];
-    ``model``: the MiniLM to run (default :func:`_encoder`; a benchmark passes others)."""
+    ``model``: the MiniLM to run (default :func:`_encoder`; a benchmark passes others);
+    ``threads``: torch threads for the passes (:func:`_torch_threads`)."""
     import torch
 
     model = _encoder() if model is None else model
@@ -134,7 +154,7 @@ def _encode(encoding, model=None) -> np.ndarray:
     # padded tokens, and a unit's last window is usually short.
     order = torch.argsort(lengths, descending=True, stable=True)
     out = torch.empty(len(order), model.config.hidden_size)
-    with torch.inference_mode():
+    with torch.inference_mode(), _torch_threads(threads):
         for start in range(0, len(order), BATCH_SIZE):
             rows = order[start : start + BATCH_SIZE]
             width = int(lengths[rows].max())
@@ -152,9 +172,9 @@ def query_encoding(texts: Sequence[str]):
     return tokenizer(list(texts), padding=True, truncation=True, max_length=QUERY_TOKENS, return_tensors="pt")
 
 
-def embed(texts: Sequence[str], model=None) -> np.ndarray:
+def embed(texts: Sequence[str], model=None, threads: int | None = None) -> np.ndarray:
     """Embeddings of ``texts`` as queries (:func:`query_encoding`), float32 [n, 384]."""
-    return _encode(query_encoding(texts), model)
+    return _encode(query_encoding(texts), model, threads)
 
 
 def _stack(first, second):
@@ -253,8 +273,16 @@ class UnitEmbeddings:
     :class:`~infmem_verl.agent.document.UnitTexts` decodes just those.
     """
 
-    def __init__(self, unit_texts: Sequence[str], window_tokens: int = WINDOW_TOKENS, max_windows: int = 0, model=None) -> None:
+    def __init__(
+        self,
+        unit_texts: Sequence[str],
+        window_tokens: int = WINDOW_TOKENS,
+        max_windows: int = 0,
+        model=None,
+        threads: int | None = None,
+    ) -> None:
         self.unit_texts = unit_texts
+        self.threads = threads  # torch threads of the passes (None: the calling thread's)
         self.window_tokens = window_tokens  # see embed_windows
         self.max_windows = max_windows
         self.model = model  # the MiniLM that embeds (None: _encoder's; bench.rerank_cost measures others)
@@ -286,12 +314,12 @@ class UnitEmbeddings:
             if not missing and (query is None or q is not None):
                 return q
             if not missing:
-                q = embed([query], self.model)[0]
+                q = embed([query], self.model, self.threads)[0]
             else:
                 encoding, owner = window_encoding([self.unit_texts[u] for u in missing], self.window_tokens, self.max_windows)
                 if query is not None and q is None:
                     encoding = _stack(encoding, query_encoding([query]))
-                vectors = _encode(encoding, self.model)
+                vectors = _encode(encoding, self.model, self.threads)
                 self.passes += 1
                 for i, unit in enumerate(missing):
                     self._windows[unit] = vectors[: len(owner)][owner == i].astype(np.float16)

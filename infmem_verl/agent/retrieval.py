@@ -508,7 +508,9 @@ class BM25Index:
                 else:
                     from infmem_verl.agent.rerank import UnitEmbeddings
 
-                    self._embeddings = UnitEmbeddings(self.unit_texts, self.cfg.rerank_window_tokens, self.cfg.rerank_windows)
+                    self._embeddings = UnitEmbeddings(
+                        self.unit_texts, self.cfg.rerank_window_tokens, self.cfg.rerank_windows, threads=self.cfg.rerank_threads
+                    )
             return self._embeddings
 
     def _rerank(self, query: str, pool: list[Hit]) -> list[Hit]:
