@@ -156,7 +156,7 @@ class RetrievalConfig:
     rerank_windows: int = 1
     # torch threads of MiniLM's passes, set on the thread that runs them (torch's OpenMP thread
     # counts are per thread) and restored after. One: where a server or trainer shares the cores
-    # a second thread spins waiting for a core, and a cold query took 1.5 s instead of 0.1
+    # a second thread spins waiting for a core: a cold query took 1.5 s instead of 0.1-0.2
     # (docs/experiments/2026-12-06-rollout-1m.md).
     rerank_threads: int = 1
     # How the second stage fuses BM25 and embeddings: "rrf", "score" (weighted, min-max scaled) or "dense".
