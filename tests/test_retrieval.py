@@ -496,7 +496,7 @@ def test_a_cold_query_and_its_new_candidates_take_one_pass_and_a_repeated_query_
     own; asked again (another rollout's same question) it runs no pass; new candidates beside a
     known query run one pass of the candidates alone."""
     counting = CountingMiniLM()
-    embeddings = UnitEmbeddings(units[:6], window_tokens=64, max_windows=1, model=counting)
+    embeddings = UnitEmbeddings(units[:7], window_tokens=64, max_windows=1, model=counting)
     query = "Which river flows through the capital?"
     sims = embeddings.similarities(query, np.array([0, 1, 2]))
     assert counting.rows == [4] and embeddings.passes == 1  # three windows and the query
@@ -504,6 +504,11 @@ def test_a_cold_query_and_its_new_candidates_take_one_pass_and_a_repeated_query_
     assert counting.rows == [4]  # cached query and windows: nothing to embed
     embeddings.similarities(query, np.array([3, 4]))
     assert counting.rows == [4, 2] and embeddings.passes == 2
+    # A query wider than the windows gets a pass of its own: padding the windows out to it
+    # would cost more.
+    long_query = " ".join(units[6].split()[:120])
+    embeddings.similarities(long_query, np.array([5]))
+    assert counting.rows == [4, 2, 1, 1] and embeddings.passes == 3
     # The query's vector from the shared pass is the one it gets alone (bfloat16 on a CPU
     # that computes it natively: within 2e-3 of each other as cosines).
     vectors, _ = embed_windows(units[:3], window_tokens=64, max_windows=1)

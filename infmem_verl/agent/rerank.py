@@ -178,15 +178,12 @@ def embed(texts: Sequence[str], model=None, threads: int | None = None) -> np.nd
 
 
 def _stack(first, second):
-    """Two padded encodings as one batch (rows of ``first``, then ``second``'s), right-padded to
-    the wider: :func:`_encode` sorts rows by length and cuts each batch to its longest."""
+    """Two padded encodings as one batch: the rows of ``first``, then ``second``'s right-padded to
+    ``first``'s width (no wider)."""
     import torch
 
-    width = max(first["input_ids"].shape[1], second["input_ids"].shape[1])
-    return {
-        k: torch.cat([torch.nn.functional.pad(e[k], (0, width - e[k].shape[1])) for e in (first, second)])
-        for k in first
-    }
+    width = first["input_ids"].shape[1]
+    return {k: torch.cat([first[k], torch.nn.functional.pad(second[k], (0, width - second[k].shape[1]))]) for k in first}
 
 
 def window_encoding(texts: Sequence[str], window_tokens: int = WINDOW_TOKENS, max_windows: int = 0):
@@ -305,27 +302,28 @@ class UnitEmbeddings:
 
     def _ensure(self, units: np.ndarray, query: str | None = None) -> np.ndarray | None:
         """Embed the units of ``units`` not cached yet and ``query`` unless cached, in one MiniLM
-        pass; the query's vector. A pass has a fixed cost of its own (a short query alone takes
-        ~8 ms, one more row beside 30 windows a fraction of that), and the n rollouts of a
-        document ask the same question, so query vectors are cached too."""
+        pass where the query is no wider than the windows; the query's vector. A pass has a fixed
+        cost of its own (a short query alone takes ~8 ms, one more row beside 30 windows a
+        fraction of that), and the n rollouts of a document ask the same question, so query
+        vectors are cached too."""
         with self._lock:
             missing = sorted({int(u) for u in units} - self._windows.keys())
             q = self._queries.get(query) if query is not None else None
-            if not missing and (query is None or q is not None):
-                return q
-            if not missing:
-                q = embed([query], self.model, self.threads)[0]
-            else:
+            asked = query_encoding([query]) if query is not None and q is None else None
+            if missing:
                 encoding, owner = window_encoding([self.unit_texts[u] for u in missing], self.window_tokens, self.max_windows)
-                if query is not None and q is None:
-                    encoding = _stack(encoding, query_encoding([query]))
-                vectors = _encode(encoding, self.model, self.threads)
+                # Padding every window out to a long query's width would cost more than the
+                # query's own pass.
+                joins = asked is not None and asked["input_ids"].shape[1] <= encoding["input_ids"].shape[1]
+                vectors = _encode(_stack(encoding, asked) if joins else encoding, self.model, self.threads)
                 self.passes += 1
                 for i, unit in enumerate(missing):
                     self._windows[unit] = vectors[: len(owner)][owner == i].astype(np.float16)
-                if query is not None and q is None:
-                    q = vectors[len(owner)]
-            if query is not None:
+                if joins:
+                    q, asked = vectors[len(owner)], None
+            if asked is not None:
+                q = _encode(asked, self.model, self.threads)[0]
+            if query is not None and query not in self._queries:
                 if len(self._queries) >= QUERY_CACHE:
                     self._queries.pop(next(iter(self._queries)))  # the oldest: dicts keep insertion order
                 self._queries[query] = q
