@@ -50,3 +50,14 @@ def test_the_stand_in_model_covers_the_small_vocabulary(small_dir, tmp_path):
     assert config.eos_token_id == reloaded.convert_tokens_to_ids("<|im_end|>")
     text = "<|im_start|>assistant\n<think>\n\n</think>\n\nThe answer is Drouvaeth.<|im_end|>"
     assert reloaded(text)["input_ids"] == load_tokenizer(str(small_dir))(text)["input_ids"]
+
+
+def test_every_name_of_the_closed_list_is_one_token_after_a_space_and_at_a_line_start(small_dir):
+    from infmem_verl.data.synthetic import NAME_LIST, chain
+
+    small = load_tokenizer(str(small_dir))
+    for name in NAME_LIST:
+        assert len(small(f" {name}", add_special_tokens=False)["input_ids"]) == 1, name
+        assert len(small(f"\n{name}", add_special_tokens=False)["input_ids"]) == 2, name  # the line break, the name
+    # A syllable-built name still takes several tokens: the list, not the BPE, makes names single.
+    assert len(small(" " + chain(0, 5).answer, add_special_tokens=False)["input_ids"]) > 2

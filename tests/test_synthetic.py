@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from infmem_verl.data.sample import QASample
-from infmem_verl.data.synthetic import make_dataset, make_sample
+from infmem_verl.data.synthetic import NAME_LIST, NAME_LIST_SIZE, chain, make_dataset, make_sample
 
 
 @pytest.fixture(scope="module")
@@ -151,11 +151,29 @@ def test_filler_is_real_wikipedia_shuffled_per_sample(samples_8k):
     assert len(set(firsts)) == len(firsts)
 
 
+def test_list_names_are_single_words_of_the_closed_list_in_new_pairings(tokenizer):
+    assert len(set(NAME_LIST)) == NAME_LIST_SIZE and all(" " not in name and len(name) >= 5 for name in NAME_LIST)
+    chains = [chain(i, 5, "list") for i in range(300)]
+    triples = set()
+    for item in chains:
+        entity = next(name for name in NAME_LIST if f" {name}" in item.question)
+        assert {item.bridge, item.answer, entity} <= set(NAME_LIST) and len({item.bridge, item.answer, entity}) == 3
+        assert item.answer not in item.question and all(item.bridge in fact for fact in item.facts)
+        triples.add((entity, item.bridge, item.answer))
+    assert len(triples) == len(chains)  # 256^3 pairings: none repeats in a set this size
+    assert len({c.answer for c in chains}) > 150  # answers spread over the list
+    # The syllable sets keep their seeds' samples; the list sets are their own streams.
+    assert chain(0, 5) == chain(0, 5, "syllables") and chain(0, 5).answer not in NAME_LIST
+    sample = make_sample(2, 1024, tokenizer, seed=5, names="list")
+    assert sample.answers[0] in NAME_LIST and sample == make_sample(2, 1024, tokenizer, seed=5, names="list")
+    assert all(fact["text"] in sample.context for fact in sample.meta["facts"])
+
+
 @pytest.mark.parametrize(
     "kwargs, field",
-    [({"index": -1}, "index"), ({"target_tokens": 100}, "target_tokens"), ({"seed": "x"}, "seed")],
+    [({"index": -1}, "index"), ({"target_tokens": 100}, "target_tokens"), ({"seed": "x"}, "seed"), ({"names": "words"}, "names")],
 )
 def test_bad_arguments_name_the_field(tokenizer, kwargs, field):
-    args = {"index": 0, "target_tokens": 8192, "seed": 0, **kwargs}
+    args = {"index": 0, "target_tokens": 8192, "seed": 0, "names": "syllables", **kwargs}
     with pytest.raises(ValueError, match=f"^{field}: "):
-        make_sample(args["index"], args["target_tokens"], tokenizer, seed=args["seed"])
+        make_sample(args["index"], args["target_tokens"], tokenizer, seed=args["seed"], names=args["names"])

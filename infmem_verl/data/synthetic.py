@@ -2,8 +2,9 @@
 
 Each sample hides two one-sentence facts in a haystack of real Wikipedia lead paragraphs:
 fact A links an entity X to a bridge entity Y, fact B links Y to the answer Z, and the question
-names only X. All three are invented, syllable-built names, so world knowledge cannot answer and
-the answer never appears in the question. The facts are spliced between two sentences of
+names only X. All three are invented names (built from syllables, or drawn from a closed list of
+single-token words, :data:`NameStyle`), so world knowledge cannot answer and the answer never
+appears in the question. The facts are spliced between two sentences of
 randomly chosen paragraphs, at positions drawn per sample: the reference's data put the gold
 paragraphs at the same slots in every sample (spec 8.2 item 6), which this avoids.
 
@@ -20,7 +21,7 @@ import itertools
 import random
 import re
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Iterator, Literal, Sequence
 
 import numpy as np
 
@@ -45,6 +46,16 @@ _VOWELS = ("a", "e", "i", "o", "u", "ae", "ei", "ou", "ia")
 _CODAS = ("", "", "", "n", "r", "l", "s", "th", "m", "nd")
 
 
+# How the chains' names are made. "syllables": each name built afresh from syllables (a person
+# has two words), so a name is several tokens of any tokenizer and never repeats across samples.
+# "list": every name one word of NAME_LIST, which the small vocabulary (infmem_verl/small_vocab.py)
+# keeps as single tokens - a fact is then copied a name at a time, not a syllable at a time, which
+# is what the CPU demo's 2-layer student can learn (docs/experiments/2026-12-06-copying-names.md).
+# Questions stay unseen: a chain's three names are drawn anew, so its pairing is new.
+NameStyle = Literal["syllables", "list", "roles"]
+NAME_LIST_SIZE = 256
+
+
 @dataclass(frozen=True)
 class _Template:
     """A two-hop chain: fact A (X -> Y), fact B (Y -> Z), a question about X answered by Z."""
@@ -54,6 +65,10 @@ class _Template:
     fact_a: str
     fact_b: str
     question: str
+    # One-hop questions over fact A (copy curricula only, never in the documents' set): the
+    # bridge asked from the entity, and the entity asked from the bridge.
+    bridge_question: str
+    entity_question: str
 
 
 _TEMPLATES = (
@@ -63,6 +78,8 @@ _TEMPLATES = (
         "The sculptor {x} spent eleven years as an apprentice in the workshop of {y}.",
         "{y} was born in the hill town of {z}, where the family kept an orchard.",
         "In which town was the master who trained the sculptor {x} born?",
+        "In whose workshop did the sculptor {x} serve as an apprentice?",
+        "Which sculptor was an apprentice in the workshop of {y}?",
     ),
     _Template(
         "maker_final_home",
@@ -70,6 +87,8 @@ _TEMPLATES = (
         "The brass astrolabe known as the {x} was built by the instrument maker {y}.",
         "In old age, {y} settled in the harbour city of {z} and never travelled again.",
         "In which city did the maker of the {x} astrolabe settle in old age?",
+        "Which instrument maker built the {x} astrolabe?",
+        "Which astrolabe did the instrument maker {y} build?",
     ),
     _Template(
         "founder_spouse",
@@ -77,6 +96,8 @@ _TEMPLATES = (
         "The fortress of {x} was founded by the military engineer {y}.",
         "The engineer {y} married the poet {z} after the siege was lifted.",
         "Whom did the founder of the fortress of {x} marry?",
+        "Which military engineer founded the fortress of {x}?",
+        "Which fortress did the military engineer {y} found?",
     ),
     _Template(
         "ship_captain",
@@ -84,6 +105,8 @@ _TEMPLATES = (
         "The cartographer {x} reached the southern archipelago aboard the {y}.",
         "The {y} was commanded on all of its voyages by captain {z}.",
         "Who commanded the ship that carried the cartographer {x} to the southern archipelago?",
+        "Aboard which ship did the cartographer {x} reach the southern archipelago?",
+        "Which cartographer reached the southern archipelago aboard the {y}?",
     ),
     _Template(
         "river_lake_surveyor",
@@ -91,6 +114,8 @@ _TEMPLATES = (
         "The {x} River empties into Lake {y} after a long course through the lowlands.",
         "Lake {y} was first charted by the surveyor {z}.",
         "Which surveyor first charted the lake into which the {x} River empties?",
+        "Into which lake does the {x} River empty?",
+        "Which river empties into Lake {y}?",
     ),
     _Template(
         "student_conservatory_director",
@@ -98,24 +123,27 @@ _TEMPLATES = (
         "The composer {x} received a full scholarship to the conservatory of {y}.",
         "The conservatory of {y} was directed for three decades by {z}.",
         "Who directed the conservatory where the composer {x} studied on a scholarship?",
+        "To which conservatory did the composer {x} receive a full scholarship?",
+        "Which composer received a full scholarship to the conservatory of {y}?",
     ),
 )
 
 
-def make_sample(index: int, target_tokens: int, tokenizer, seed: int = 0) -> QASample:
+def make_sample(index: int, target_tokens: int, tokenizer, seed: int = 0, names: NameStyle = "syllables") -> QASample:
     """Sample ``index`` of the synthetic set ``seed``: a two-hop question over ~``target_tokens``.
 
-    Deterministic in ``(index, target_tokens, seed)`` and the tokenizer. ``meta`` records the
+    Deterministic in ``(index, target_tokens, seed, names)`` and the tokenizer. ``meta`` records the
     template, entity, bridge, both facts (text, char offset, token position and length in the
-    context) and the target and actual token counts.
+    context) and the target and actual token counts. ``names``: see :data:`NameStyle`.
     """
     _check_int(index, "index", 0)
     _check_int(target_tokens, "target_tokens", _MIN_TARGET)
     _check_int(seed, "seed", None)
-    rng = random.Random(f"infmem-synthetic:{seed}:{index}")
+    style = _check_style(names)
+    rng = random.Random(f"infmem-synthetic:{seed}:{index}" + _style_suffix(style))
     counter = _counter(tokenizer)
     template = rng.choice(_TEMPLATES)
-    names = _draw_names(rng, template.kinds)
+    names = _draw_names(rng, template.kinds, style)
     facts = _render_facts(template, names)
     reserve = int(sum(counter.count_texts([" " + fact for fact in facts])))
     chosen = _fill(rng, counter, target_tokens - reserve, target_tokens)
@@ -123,15 +151,15 @@ def make_sample(index: int, target_tokens: int, tokenizer, seed: int = 0) -> QAS
     filler = _SEPARATOR.join(parts)
     # Invented names must not already occur in the haystack, or the chain would be ambiguous.
     while any(name in filler for name in names):
-        names = _draw_names(rng, template.kinds)
+        names = _draw_names(rng, template.kinds, style)
         facts = _render_facts(template, names)
     return _assemble(rng, counter, template, names, facts, chosen, parts, index, target_tokens, seed)
 
 
-def make_dataset(n: int, target_tokens: int, tokenizer, seed: int = 0) -> list[QASample]:
+def make_dataset(n: int, target_tokens: int, tokenizer, seed: int = 0, names: NameStyle = "syllables") -> list[QASample]:
     """Samples ``0..n-1`` of the synthetic set ``seed``, each of ~``target_tokens`` tokens."""
     _check_int(n, "n", 0)
-    return [make_sample(i, target_tokens, tokenizer, seed) for i in range(n)]
+    return [make_sample(i, target_tokens, tokenizer, seed, names) for i in range(n)]
 
 
 @dataclass(frozen=True)
@@ -143,17 +171,24 @@ class Chain:
     facts: tuple[str, str]
     bridge: str
     answer: str
+    entity: str = ""
+    # (question, answer) pairs of one hop: the bridge asked from the entity, the entity from the
+    # bridge (what a copy curriculum asks besides the chain's own question).
+    one_hop: tuple[tuple[str, str], ...] = ()
 
 
-def chain(index: int, seed: int = 0) -> Chain:
+def chain(index: int, seed: int = 0, names: NameStyle = "syllables") -> Chain:
     """Chain ``index`` of the haystack-free set ``seed``, drawn as the samples draw theirs (an
     unlimited supply of distinct questions for tokenizer text and copy probes, bench/copy_probe.py)."""
     _check_int(index, "index", 0)
     _check_int(seed, "seed", None)
-    rng = random.Random(f"infmem-synthetic-text:{seed}:{index}")
+    style = _check_style(names)
+    rng = random.Random(f"infmem-synthetic-text:{seed}:{index}" + _style_suffix(style))
     template = rng.choice(_TEMPLATES)
-    names = _draw_names(rng, template.kinds)
-    return Chain(template.name, template.question.format(x=names[0]), _render_facts(template, names), names[1], names[2])
+    names = _draw_names(rng, template.kinds, style)
+    x, y, z = names
+    one_hop = ((template.bridge_question.format(x=x), y), (template.entity_question.format(y=y), x))
+    return Chain(template.name, template.question.format(x=x), _render_facts(template, names), y, z, x, one_hop)
 
 
 def task_texts(n: int, seed: int = 0) -> Iterator[str]:
@@ -163,6 +198,28 @@ def task_texts(n: int, seed: int = 0) -> Iterator[str]:
     for index in range(n):
         item = chain(index, seed)
         yield " ".join((*item.facts, item.question, item.answer))
+
+
+def _check_style(names: object) -> NameStyle:
+    if names not in ("syllables", "list", "roles"):
+        raise ValueError(f"names: expected 'syllables', 'list' or 'roles', got {names!r}")
+    return names  # type: ignore[return-value]
+
+
+def _style_suffix(style: NameStyle) -> str:
+    # The syllable sets keep the seeds they always had; the list sets draw from streams of their own.
+    return "" if style == "syllables" else f":{style}"
+
+
+def _name_list(size: int) -> tuple[str, ...]:
+    """``size`` distinct invented words of 2-3 syllables and 5+ letters, the same on every machine."""
+    rng = random.Random("infmem-synthetic-name-list")
+    words: dict[str, str] = {}
+    while len(words) < size:
+        word = _word(rng, rng.choice((2, 3)))
+        if len(word) >= 5:
+            words.setdefault(word.lower(), word)
+    return tuple(words.values())
 
 
 def _check_int(value: object, name: str, minimum: int | None) -> None:
@@ -177,7 +234,11 @@ def _word(rng: random.Random, syllables: int) -> str:
     return word.capitalize()
 
 
-def _name(rng: random.Random, kind: str) -> str:
+def _name(rng: random.Random, kind: str, style: NameStyle = "syllables", role: int = 0) -> str:
+    if style == "list":
+        return rng.choice(NAME_LIST)
+    if style == "roles":
+        return rng.choice(NAME_LIST[role::3])
     if kind == "person":
         return f"{_word(rng, 2)} {_word(rng, 2)}{rng.choice(('', 'ar', 'en', 'ov', 'ith'))}"
     if kind == "place":
@@ -185,10 +246,10 @@ def _name(rng: random.Random, kind: str) -> str:
     return _word(rng, 3)
 
 
-def _draw_names(rng: random.Random, kinds: Sequence[str]) -> tuple[str, str, str]:
+def _draw_names(rng: random.Random, kinds: Sequence[str], style: NameStyle = "syllables") -> tuple[str, str, str]:
     """Three distinct names, none contained in another (so X's mention never reveals Y or Z)."""
     while True:
-        names = tuple(_name(rng, kind) for kind in kinds)
+        names = tuple(_name(rng, kind, style, role) for role, kind in enumerate(kinds))
         lowered = [n.lower() for n in names]
         if all(a not in b for a, b in itertools.permutations(lowered, 2)):
             return names  # type: ignore[return-value]
@@ -345,3 +406,6 @@ def _sentence_ends(part: str) -> list[int]:
     """Char offsets right after a sentence's end punctuation, in the text (not the title line)."""
     body = part.find("\n") + 1
     return [m.start() for m in _SENTENCE_END.finditer(part, body)]
+
+
+NAME_LIST = _name_list(NAME_LIST_SIZE)
