@@ -82,3 +82,28 @@ def test_each_call_shows_the_memory_the_previous_write_left(tokenizer, demo_cfg)
             if call.kind == "write":
                 memory = fresh.builder.decode(call.response).split("</think>", 1)[1].strip()
     assert checked >= 20
+
+
+def test_clean_chunks_hold_the_facts_alone_and_the_oracle_still_copies_them(tokenizer, demo_cfg):
+    """The copy curriculum's first stage: each chunk is the facts it holds (or a short
+    Wikipedia window when none), the Write's response those facts, and the names single tokens."""
+    from infmem_verl.data.synthetic import NAME_LIST
+
+    fresh = FreshCalls(tokenizer, demo_cfg, "memagent", seed=5, names="roles", clean=True)
+    copied = 0
+    for index in range(10):
+        item = chain(index, 5, "roles")
+        assert {item.entity, item.bridge, item.answer} <= set(NAME_LIST)
+        for call in fresh.trajectory(index):
+            if call.kind != "write":
+                continue
+            prompt, text = fresh.builder.decode(call.prompt), fresh.builder.decode(call.response)
+            chunk = prompt.split("<current_chunk>\n", 1)[1].split("\n</current_chunk>", 1)[0]
+            held = [fact for fact in item.facts if fact in chunk]
+            if held:
+                assert chunk.strip() == " ".join(held) and all(fact in text for fact in held)
+                copied += 1
+            else:  # a short window; the response keeps what the memory held
+                assert len(fresh.builder.encode(chunk)) <= 17
+                assert all(fact in text for fact in item.facts if fact in prompt.split("<previous_memory>", 1)[1])
+    assert copied >= 10

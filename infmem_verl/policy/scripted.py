@@ -72,6 +72,16 @@ class ScriptedPolicy:
 ORACLE_THINK = "<think>\nChecking.\n</think>\n\n"
 
 
+def oracle_answer(answer: str) -> str:
+    """The oracle's answer call: the answer boxed with a space before it. Qwen3's pre-tokenizer
+    glues a word to the punctuation before it, so ``{Name`` is tokenized unlike the memory's
+    `` Name``, and a tiny student must then learn a second spelling of every name instead of
+    copying the memory's tokens; with the space it copies them (held-out sub-EM 18.8% against
+    12.5% after 1,000 fresh answer calls, docs/experiments/2026-12-04-copying-student.md).
+    Answers are parsed stripped, so both spellings score the same."""
+    return ORACLE_THINK + f"\\boxed{{ {answer}}}"
+
+
 def oracle_policy(tokenizer, samples: Sequence[QASample]) -> ScriptedPolicy:
     """The synthetic set's oracle: the writer keeps every fact it has seen; the controller
     retrieves for the missing fact and stops once both facts are in the memory; the answer comes
@@ -97,6 +107,6 @@ def oracle_policy(tokenizer, samples: Sequence[QASample]) -> ScriptedPolicy:
                 query = sample.meta["bridge"] if fact_a in seen else sample.question
                 call = {"name": "retrieve", "arguments": {"query": query, "top_k": 4}}
             return ORACLE_THINK + f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
-        return ORACLE_THINK + f"\\boxed{{{sample.answers[0] if fact_b in seen else 'unknown'}}}"
+        return oracle_answer(sample.answers[0] if fact_b in seen else "unknown")
 
     return ScriptedPolicy(tokenizer, respond, record=False)

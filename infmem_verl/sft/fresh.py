@@ -33,8 +33,8 @@ import numpy as np
 from infmem_verl.agent.config import AgentConfig
 from infmem_verl.agent.memory import Memory, update_memory
 from infmem_verl.agent.protocol import HistoryEntry, PromptBuilder
-from infmem_verl.data.synthetic import Chain, _rendered_pool, _sentence_ends, chain
-from infmem_verl.policy.scripted import ORACLE_THINK
+from infmem_verl.data.synthetic import Chain, NameStyle, _rendered_pool, _sentence_ends, chain
+from infmem_verl.policy.scripted import ORACLE_THINK, oracle_answer
 
 NOTHING = "Nothing relevant yet."
 _SEPARATOR = "\n\n"
@@ -68,7 +68,7 @@ class FreshCalls:
     """
 
     def __init__(self, tokenizer, agent_cfg: AgentConfig, agent: str = "infmem", seed: int = 1, num_chunks: int = 4,
-                 odds: FreshOdds = FreshOdds()):  # fmt: skip
+                 odds: FreshOdds = FreshOdds(), names: NameStyle = "syllables", clean: bool = False):  # fmt: skip
         if agent not in ("infmem", "memagent"):
             raise ValueError(f"agent: expected 'infmem' or 'memagent', got {agent!r}")
         self.builder = PromptBuilder(tokenizer, agent_cfg)
@@ -77,6 +77,10 @@ class FreshCalls:
         self.seed = seed
         self.num_chunks = num_chunks
         self.odds = odds
+        self.names = names
+        # Chunks of the facts alone, without the Wikipedia around them (a curriculum's first stage:
+        # a copy learnt from a short clean context carries over to a long one, the reverse not).
+        self.clean = clean
         self.end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
         self._pool = _pool_ids(tokenizer)
         self._tokenizer = tokenizer
@@ -150,7 +154,7 @@ class FreshCalls:
     def trajectory(self, index: int) -> list[Call]:
         """The oracle's calls on trajectory ``index``: as the loop makes them, in order."""
         rng = random.Random(f"infmem-fresh:{self.seed}:{index}")
-        item = chain(index, self.seed)
+        item = chain(index, self.seed, self.names)
         question = self.builder.encode(item.question)
         holder = [rng.randrange(self.num_chunks) for _ in item.facts]  # the chunk of each fact
         memory, history, calls = Memory.empty(), [], []
@@ -171,7 +175,10 @@ class FreshCalls:
                 also = item.facts[0] if wanted == item.facts[1] else None
                 evidence = self._evidence(rng, wanted, also)
             here = tuple(f for f, h in zip(item.facts, holder) if h == step)
-            chunk = self._window(rng, self.cfg.document.chunk_tokens, here)
+            if self.clean:
+                chunk = self.builder.encode(" ".join(here)) if here else self._window(rng, 16, ())
+            else:
+                chunk = self._window(rng, self.cfg.document.chunk_tokens, here)
             prompt = self.builder.write(question, memory.ids, chunk, evidence).ids
             text = ORACLE_THINK + (" ".join(self._seen(prompt, item)) or NOTHING)
             response = self._response(text, self.cfg.write)
@@ -182,7 +189,7 @@ class FreshCalls:
             memory = update.memory
         prompt = self.builder.answer(question, memory.ids).ids
         answer = item.answer if item.facts[1] in self._seen(prompt, item) else "unknown"
-        calls.append(Call("answer", prompt, self._response(ORACLE_THINK + f"\\boxed{{{answer}}}", self.cfg.answer)))
+        calls.append(Call("answer", prompt, self._response(oracle_answer(answer), self.cfg.answer)))
         return calls
 
     def calls(self, start: int = 0) -> Iterator[tuple[int, Call]]:
