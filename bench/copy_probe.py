@@ -7,7 +7,7 @@
 The demo's warmed students follow the protocol but copy no fact (issue 30). This bench isolates
 the smallest copy the task asks for: the final answer call, whose prompt holds the question and a
 memory of the chain's two fact sentences (what the oracle's Writes leave there) and whose target
-is the oracle's ``<think>\\nChecking.\\n</think>\\n\\n\\boxed{<answer>}``. Samples are built by
+is the oracle's ``<think>\\nChecking.\\n</think>\\n\\n\\boxed{ <answer>}``. Samples are built by
 the agent core's own :class:`~infmem_verl.agent.protocol.PromptBuilder` under the demo recipe's
 protocol, from haystack-free chains (:func:`infmem_verl.data.synthetic.chain`), so they are the
 distilled answer samples without the distillation (tests/test_copy_probe.py checks they are
@@ -21,9 +21,12 @@ held-out sub-EM of the parsed greedy answer (the metric issue 30's target is sta
 CPU-seconds (``time.process_time``) and the load average, since the machine may be shared.
 
 Levers (issue 30's order of cost): ``--heads`` / ``--hidden`` / ``--layers`` (the copy needs an
-induction-style circuit), ``--lr``, ``--space`` (the answer written ``\\boxed{ Name}`` so its
-tokens are the memory's: without the space Qwen3's pre-tokenizer splits the name differently
-from the same name after a space in the fact sentence).
+induction-style circuit), ``--lr``, ``--names`` (the chains' names: ``syllables``, several tokens
+each; ``list`` or ``roles``, one token each of the small vocabulary, ``roles`` drawing the entity,
+the bridge and the answer from three disjoint thirds of the list), ``--memory-pad N`` (N tokens of
+Wikipedia around the facts in the answer call's memory: a longer context to copy out of),
+``--overrides`` (the recipe's agent settings, e.g. ``infmem.agent.document.chunk_tokens=64``) and
+``--init DIR`` (start from a student ``--save DIR`` kept: a curriculum's next stage).
 
 ``--induction-steps N`` first trains the same student N steps on a copy pre-task
 (:class:`InductionTask`): short windows of Wikipedia token ids (or random ids) in which a random
@@ -60,7 +63,7 @@ import torch
 
 from infmem_verl.agent.protocol import PromptBuilder, parse_answer
 from infmem_verl.data.synthetic import Chain, chain
-from infmem_verl.policy.scripted import ORACLE_THINK
+from infmem_verl.policy.scripted import oracle_answer
 from infmem_verl.reward.metrics import sub_em
 
 # Held-out chains are drawn from this seed; training chains from --seed (0 is the tokenizer's
@@ -84,8 +87,14 @@ class ProbeConfig:
     eval_every: int = 50
     heldout: int = 64
     pool: int = 0  # 0: fresh chains in every batch; N: a fixed pool of N chains, reshuffled
-    space: bool = False  # \boxed{ Name}: the answer's tokens as in the memory
+    # answer: the chain's own two-hop question, or "all": chain i asks its question, its bridge
+    # or its entity in turn (Chain.one_hop), so the answer is each of the three names in turn;
+    # fresh: "all" draws the extra answer calls that way (haystack-free) instead of from trajectories
+    questions: str = "chain"
+    memory_pad: int = 0  # answer: this many tokens of Wikipedia around the facts in the memory (raise memory_tokens with --overrides)
     recipe: str = "demo"
+    names: str = "syllables"  # the chains' names: syllables, or list (single tokens of the small vocabulary)
+    overrides: str = ""  # Hydra overrides of the recipe's agent, comma-separated (e.g. infmem.agent.document.chunk_tokens=64)
     # answer: the answer call from haystack-free chains; write: the Writes of distilled SFT
     # parquets (train_data, one pass unless pool; heldout_data from another distillation seed);
     # fresh: the oracle's calls of fresh symbolic trajectories (infmem_verl/sft/fresh.py) of
@@ -94,7 +103,9 @@ class ProbeConfig:
     agent: str = "infmem"
     kinds: str = "prethink,write,answer"
     extra_answers: int = 0
-    save: str = ""  # fresh: save the student (model + tokenizer) here at every evaluation
+    save: str = ""  # save the student (model + tokenizer) here at every evaluation
+    clean_chunks: bool = False  # fresh: chunks of the facts alone, no Wikipedia around them
+    init: str = ""  # start from this saved student instead of a random one (a curriculum's next stage)
     train_data: str = ""
     heldout_data: str = ""
     seed: int = 1
@@ -148,25 +159,48 @@ class ProbeResult:
 class AnswerSamples:
     """The answer call's (prompt ids, response ids) for haystack-free chains, under one protocol."""
 
-    def __init__(self, tokenizer, recipe: str = "demo", space: bool = False):
+    def __init__(self, tokenizer, recipe: str = "demo", overrides: Sequence[str] = (), pad: int = 0):
         from infmem_verl.distill import recipe_agent
 
-        _, self.agent_cfg = recipe_agent(recipe, [])
+        _, self.agent_cfg = recipe_agent(recipe, list(overrides))
         self.builder = PromptBuilder(tokenizer, self.agent_cfg)
         self.end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        self.space = space
+        self.pad = pad
+        if pad:
+            from infmem_verl.sft.fresh import _pool_ids
+
+            self.stream = np.concatenate(_pool_ids(tokenizer)[1])
 
     def memory(self, item: Chain) -> np.ndarray:
         """The memory the oracle's Writes leave once both facts are read (the Write's text after
-        its thinking, stripped, capped at the recipe's memory_tokens)."""
-        return self.builder.encode(" ".join(item.facts))[: self.agent_cfg.memory_tokens]
+        its thinking, stripped, capped at the recipe's memory_tokens); with ``pad``, that many
+        tokens of Wikipedia split around the facts (a longer context to copy out of)."""
+        facts = self.builder.encode(" ".join(item.facts))
+        if self.pad:
+            rng = random.Random(item.question)
+            start, cut = rng.randrange(len(self.stream) - self.pad), rng.randint(0, self.pad)
+            filler = self.stream[start : start + self.pad]
+            facts = np.concatenate([filler[:cut], facts, filler[cut:]])
+        return facts[: self.agent_cfg.memory_tokens]
 
     def prompt(self, item: Chain) -> np.ndarray:
         return self.builder.answer(self.builder.encode(item.question), self.memory(item)).ids
 
     def response(self, item: Chain) -> np.ndarray:
-        name = f" {item.answer}" if self.space else item.answer
-        return np.append(self.builder.encode(ORACLE_THINK + f"\\boxed{{{name}}}"), self.end_id).astype(np.int32)
+        return np.append(self.builder.encode(oracle_answer(item.answer)), self.end_id).astype(np.int32)
+
+
+def asked(item: Chain, index: int, questions: str) -> Chain:
+    """``item`` asking what ``questions`` has chain ``index`` ask (see ProbeConfig.questions)."""
+    if questions == "chain":
+        return item
+    if questions != "all":
+        raise ValueError(f"questions: expected 'chain' or 'all', got {questions!r}")
+    turn = index % 3
+    if turn == 0:
+        return item
+    question, answer = item.one_hop[turn - 1]
+    return dataclasses.replace(item, question=question, answer=answer)
 
 
 def build_model(tokenizer, cfg: ProbeConfig) -> torch.nn.Module:
@@ -176,6 +210,8 @@ def build_model(tokenizer, cfg: ProbeConfig) -> torch.nn.Module:
 
     config = tiny_qwen3_config(tokenizer, cfg.hidden_size, cfg.layers, cfg.heads, qwen3_vocab=not cfg.vocab_size)
     torch.manual_seed(cfg.model_seed)
+    if cfg.init:
+        return AutoModelForCausalLM.from_pretrained(cfg.init, dtype=torch.float32)
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
 
@@ -366,7 +402,7 @@ def run_probe(cfg: ProbeConfig, say=print) -> ProbeResult:
     from infmem_verl.small_vocab import small_vocab_dir
 
     tokenizer = load_tokenizer(str(small_vocab_dir(cfg.vocab_size)) if cfg.vocab_size else None)
-    samples = AnswerSamples(tokenizer, cfg.recipe, cfg.space)
+    samples = AnswerSamples(tokenizer, cfg.recipe, [o for o in cfg.overrides.split(",") if o], cfg.memory_pad)
     model = build_model(tokenizer, cfg)
     pad_id = tokenizer.pad_token_id
     induction = induction_pretrain(model, tokenizer, cfg, say) if cfg.induction_steps else []
@@ -374,12 +410,12 @@ def run_probe(cfg: ProbeConfig, say=print) -> ProbeResult:
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _cosine(cfg.steps, cfg.warmup_ratio))
     if cfg.call == "answer":
-        heldout_chains = [chain(i, HELDOUT_SEED) for i in range(cfg.heldout)]
+        heldout_chains = [asked(chain(i, HELDOUT_SEED, cfg.names), i, cfg.questions) for i in range(cfg.heldout)]
         heldout = [(samples.prompt(i), samples.response(i)) for i in heldout_chains]
         supply = cfg.pool or cfg.steps * cfg.batch_size
 
         def train_pair(index: int) -> tuple[np.ndarray, np.ndarray]:
-            item = chain(index, cfg.seed)
+            item = asked(chain(index, cfg.seed, cfg.names), index, cfg.questions)
             return samples.prompt(item), samples.response(item)
     elif cfg.call == "fresh":
         if cfg.pool:
@@ -388,7 +424,11 @@ def run_probe(cfg: ProbeConfig, say=print) -> ProbeResult:
         heldout_calls = list(itertools.islice(_fresh_stream(tokenizer, samples, cfg, HELDOUT_SEED, kinds), cfg.heldout))
         heldout = [(c.prompt, c.response) for c in heldout_calls]
         stream = _fresh_stream(tokenizer, samples, cfg, cfg.seed, kinds)
-        answers = _fresh_stream(tokenizer, samples, cfg, cfg.seed + 1, {"answer"})
+        if cfg.questions == "all":  # haystack-free answer calls asking each of the chain's names in turn
+            asks = (asked(chain(i, cfg.seed + 1, cfg.names), i, "all") for i in itertools.count())
+            answers = ((samples.prompt(item), samples.response(item)) for item in asks)
+        else:
+            answers = ((c.prompt, c.response) for c in _fresh_stream(tokenizer, samples, cfg, cfg.seed + 1, {"answer"}))
         supply = cfg.steps * cfg.batch_size
 
         def train_pair(index: int) -> tuple[np.ndarray, np.ndarray]:
@@ -418,7 +458,7 @@ def run_probe(cfg: ProbeConfig, say=print) -> ProbeResult:
         indices, order = order[: cfg.batch_size], order[cfg.batch_size :]
         pairs = [train_pair(i) for i in indices]
         if cfg.call == "fresh":
-            pairs += [(c.prompt, c.response) for c in itertools.islice(answers, cfg.extra_answers)]
+            pairs += list(itertools.islice(answers, cfg.extra_answers))
         losses.append(train_step(model, optimizer, scheduler, *_batch(pairs, pad_id), cfg.clip_grad))
         if step % cfg.eval_every == 0 or step == cfg.steps:
             exact = exact_share(model, heldout, pad_id)
@@ -429,11 +469,11 @@ def run_probe(cfg: ProbeConfig, say=print) -> ProbeResult:
                 score = float(np.mean([e for e, c, call in zip(exact, carries, heldout_calls) if c and call.kind == "write"] or [np.nan]))
                 by_kind = {k: float(np.mean([e for e, c in zip(exact, heldout_calls) if c.kind == k])) for k in sorted(kinds)}
                 say(f"[copy-probe] step {step:>5} | held out exact by kind {json.dumps(by_kind)}")
-                if cfg.save:
-                    model.save_pretrained(cfg.save)
-                    tokenizer.save_pretrained(cfg.save)
             else:  # the Writes that copy a fact, reproduced exactly
                 score = float(np.mean([e for e, c in zip(exact, carries) if c]))
+            if cfg.save:
+                model.save_pretrained(cfg.save)
+                tokenizer.save_pretrained(cfg.save)
             point = ProbePoint(
                 step=step,
                 train_loss=float(np.mean(losses[-cfg.eval_every :])),
@@ -456,7 +496,7 @@ def _fresh_stream(tokenizer, samples: AnswerSamples, cfg: ProbeConfig, seed: int
     """The calls of kinds ``kinds`` of fresh oracle trajectories of ``seed``, in order."""
     from infmem_verl.sft.fresh import FreshCalls
 
-    fresh = FreshCalls(tokenizer, samples.agent_cfg, cfg.agent, seed)
+    fresh = FreshCalls(tokenizer, samples.agent_cfg, cfg.agent, seed, names=cfg.names, clean=cfg.clean_chunks)
     return (call for _, call in fresh.calls() if call.kind in kinds)
 
 
@@ -464,21 +504,24 @@ def _contains(seq: list[int], part: list[int]) -> bool:
     return any(seq[i : i + len(part)] == part for i in range(len(seq) - len(part) + 1))
 
 
-def loop_check(model_dir: str, agent: str, docs: int, temperature: float, recipe: str = "demo"):
+def loop_check(model_dir: str, agent: str, docs: int, temperature: float, cfg: ProbeConfig, doc_tokens: int = 1024):
     """The warm-up's own held-out check (:func:`infmem_verl.cpu.warmup.heldout_check`) of the
     student at ``model_dir``: ``agent`` through the real loop on the first ``docs`` of the demo
-    warm-up's held-out documents (its seed + 1000), sampled at ``temperature`` (0: greedy)."""
+    warm-up's held-out documents (its seed + 1000) of ``doc_tokens`` tokens, their names and the
+    agent's settings as in ``cfg`` (``names``, ``recipe``, ``overrides``), sampled at
+    ``temperature`` (0: greedy)."""
     from infmem_verl.cpu.warmup import WarmupSettings, check_sampling, heldout_check
     from infmem_verl.distill import recipe_agent
 
-    _, agent_cfg = recipe_agent(recipe, [])
-    settings = WarmupSettings(heldout_samples=docs, doc_tokens=1024, check_temperature=temperature)
-    return heldout_check(Path(model_dir), agent, check_sampling(settings, agent_cfg), settings)
+    _, agent_cfg = recipe_agent(cfg.recipe, [o for o in cfg.overrides.split(",") if o])
+    settings = WarmupSettings(heldout_samples=docs, doc_tokens=doc_tokens, check_temperature=temperature)
+    return heldout_check(Path(model_dir), agent, check_sampling(settings, agent_cfg), settings, cfg.names)
 
 
-def parse_args(argv: Sequence[str] | None = None) -> tuple[ProbeConfig, str | None, str | None, float]:
+def parse_args(argv: Sequence[str] | None = None) -> tuple[ProbeConfig, str | None, str | None, float, int]:
     """The run's settings, the file to append its result to (``--json``), and the student to
-    check through the real loop instead of training one (``--check``, at ``--check-temperature``)."""
+    check through the real loop instead of training one (``--check``, at ``--check-temperature``,
+    on documents of ``--check-doc-tokens``)."""
     defaults = ProbeConfig()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for name, value in dataclasses.asdict(defaults).items():
@@ -490,17 +533,18 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ProbeConfig, str | No
     parser.add_argument("--json", help="append the result as one JSON line to this file")
     parser.add_argument("--check", help="a saved student: run --agent through the real loop on --heldout held-out documents")
     parser.add_argument("--check-temperature", type=float, default=0.0, help="the check's sampling (0: greedy)")
+    parser.add_argument("--check-doc-tokens", type=int, default=1024, help="the check's document length (>= 512)")
     args = vars(parser.parse_args(argv))
-    out, check, temperature = args.pop("json"), args.pop("check"), args.pop("check_temperature")
-    return ProbeConfig(**args), out, check, temperature
+    out, check, temperature, doc_tokens = args.pop("json"), args.pop("check"), args.pop("check_temperature"), args.pop("check_doc_tokens")
+    return ProbeConfig(**args), out, check, temperature, doc_tokens
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    cfg, out, check, temperature = parse_args(argv)
+    cfg, out, check, temperature, doc_tokens = parse_args(argv)
     torch.set_num_threads(int(os.environ.get("PROBE_THREADS", "2")))
     if check:
         started = time.process_time()
-        heldout = loop_check(check, cfg.agent, cfg.heldout, temperature, cfg.recipe)
+        heldout = loop_check(check, cfg.agent, cfg.heldout, temperature, cfg, doc_tokens)
         print(f"[copy-probe] {cfg.agent} {check} at temperature {temperature}: {heldout.line()} | cpu {time.process_time() - started:.0f} s | load {os.getloadavg()[0]:.1f}")
         if out:
             with open(out, "a", encoding="utf-8") as file:

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from bench.copy_probe import AnswerSamples, ProbeConfig, distilled_calls, run_probe
+from bench.copy_probe import AnswerSamples, ProbeConfig, asked, distilled_calls, run_probe
 from infmem_verl.assets import load_tokenizer
-from infmem_verl.data.synthetic import Chain, chain, make_dataset
+from infmem_verl.data.synthetic import NAME_LIST, Chain, chain, make_dataset
 from infmem_verl.distill import DistillConfig, distill
 from infmem_verl.policy.source import ModelSource
 from infmem_verl.small_vocab import small_vocab_dir
@@ -24,7 +25,7 @@ def distilled(tmp_path_factory):
     """Two oracle trajectories of the demo protocol over 1K-token documents, small vocabulary."""
     vocab = small_vocab_dir()
     cfg = DistillConfig(
-        out=tmp_path_factory.mktemp("distill"), recipe="demo", samples=2, synthetic_length="1024", teacher="oracle",
+        out=tmp_path_factory.mktemp("distill"), recipe="demo", samples=3, synthetic_length="1024", teacher="oracle",
         source=ModelSource(tokenizer=vocab), seed=3, keep="all", drop_flags=(), progress=False,
     )  # fmt: skip
     asyncio.run(distill(cfg))
@@ -77,6 +78,45 @@ def test_the_fresh_probe_trains_on_every_call_kind_of_new_trajectories(tmp_path)
     assert (tmp_path / "config.json").is_file() and (tmp_path / "tokenizer.json").is_file()
     with pytest.raises(ValueError, match="never repeated"):
         run_probe(dataclasses.replace(cfg, pool=4), say=lambda _: None)
+
+
+def test_the_curriculum_options_ask_every_name_and_pad_the_memory(tmp_path):
+    """--questions all asks the chain's question, its bridge and its entity in turn; --memory-pad
+    puts Wikipedia around the facts; --init continues from a saved student."""
+    tokenizer = load_tokenizer(str(small_vocab_dir()))
+    items = [asked(chain(i, 1, "roles"), i, "all") for i in range(3)]
+    originals = [chain(i, 1, "roles") for i in range(3)]
+    assert [it.answer for it in items] == [originals[0].answer, originals[1].bridge, originals[2].entity]
+    assert all(it.answer not in it.question for it in items)
+    padded = AnswerSamples(tokenizer, "demo", ["infmem.agent.memory_tokens=160", "infmem.agent.write.output_tokens=160"], pad=64)
+    memory = tokenizer.decode(padded.memory(items[1]).tolist())
+    assert all(fact in memory for fact in items[1].facts) and len(padded.memory(items[1])) >= 64 + 20
+    cfg = ProbeConfig(steps=2, eval_every=2, heldout=3, batch_size=2, names="roles", questions="all", save=str(tmp_path))
+    run_probe(cfg, say=lambda _: None)
+    again = run_probe(dataclasses.replace(cfg, init=str(tmp_path), save=""), say=lambda _: None)
+    assert again.points[-1].train_loss < 20
+    with pytest.raises(ValueError, match="^questions: "):
+        asked(originals[0], 1, "some")
+
+
+def test_check_runs_a_saved_student_through_the_real_loop_on_documents_of_the_probes_names(tmp_path):
+    """--check: the warm-up's held-out check, on documents whose names and agent settings are the
+    probe's (here single-token role names and 128-token chunks)."""
+    from bench.copy_probe import main
+    from infmem_verl.cpu.warmup import HELDOUT_SEED_OFFSET, WarmupSettings
+
+    student = tmp_path / "student"
+    overrides = "infmem.agent.document.chunk_tokens=128"
+    run_probe(ProbeConfig(call="fresh", agent="memagent", kinds="write", steps=1, eval_every=1, heldout=2, batch_size=2,
+                          names="roles", overrides=overrides, save=str(student)), say=lambda _: None)  # fmt: skip
+    out = tmp_path / "check.jsonl"
+    flags = ["--check", str(student), "--agent", "memagent", "--names", "roles", "--heldout", "2", "--check-doc-tokens", "768"]
+    assert main([*flags, "--overrides", overrides, "--json", str(out)]) == 0
+    row = json.loads(out.read_text())
+    assert row["samples"] == 2 and row["chunks_read"] == 6 and row["write_valid"] >= 0
+    # The documents checked are the held-out set with role names.
+    docs = make_dataset(2, 768, load_tokenizer(str(student)), seed=WarmupSettings().seed + HELDOUT_SEED_OFFSET, names="roles")
+    assert all(d.answers[0] in NAME_LIST for d in docs)
 
 
 @pytest.mark.parametrize("source", ["random", "text"])

@@ -273,8 +273,9 @@ def check_sampling(settings: WarmupSettings, agent_cfg: AgentConfig) -> AgentCon
     )
 
 
-def heldout_check(model_dir: Path, agent_name: str, agent_cfg: AgentConfig, settings: WarmupSettings) -> HeldOut:
-    """Run the agent with the model at ``model_dir`` on held-out synthetic documents."""
+def heldout_check(model_dir: Path, agent_name: str, agent_cfg: AgentConfig, settings: WarmupSettings, names: str = "syllables") -> HeldOut:
+    """Run the agent with the model at ``model_dir`` on held-out synthetic documents (their
+    names made as ``names`` says, :data:`infmem_verl.data.synthetic.NameStyle`)."""
     from infmem_verl.agent.loops import build_agent
     from infmem_verl.data.synthetic import make_dataset
     from infmem_verl.policy.transformers import TransformersPolicy
@@ -283,7 +284,7 @@ def heldout_check(model_dir: Path, agent_name: str, agent_cfg: AgentConfig, sett
 
     policy = TransformersPolicy.from_pretrained(model_dir, seed=settings.seed, max_batch=settings.heldout_samples)
     agent = build_agent(agent_name, agent_cfg, policy.tokenizer)
-    samples = make_dataset(settings.heldout_samples, settings.doc_tokens, policy.tokenizer, seed=settings.seed + HELDOUT_SEED_OFFSET)
+    samples = make_dataset(settings.heldout_samples, settings.doc_tokens, policy.tokenizer, seed=settings.seed + HELDOUT_SEED_OFFSET, names=names)
     bar = _Bar("check", len(samples))
 
     async def one(sample):
