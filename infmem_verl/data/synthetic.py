@@ -51,6 +51,8 @@ _CODAS = ("", "", "", "n", "r", "l", "s", "th", "m", "nd")
 # "list": every name one word of NAME_LIST, which the small vocabulary (infmem_verl/small_vocab.py)
 # keeps as single tokens - a fact is then copied a name at a time, not a syllable at a time, which
 # is what the CPU demo's 2-layer student can learn (docs/experiments/2026-12-06-copying-names.md).
+# "roles": the same list, the entity, the bridge and the answer each from its own third, so a
+# name's kind tells its role (that student learns to fetch each kind of name separately).
 # Questions stay unseen: a chain's three names are drawn anew, so its pairing is new.
 NameStyle = Literal["syllables", "list", "roles"]
 NAME_LIST_SIZE = 256
