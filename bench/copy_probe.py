@@ -93,7 +93,7 @@ class ProbeConfig:
     questions: str = "chain"
     memory_pad: int = 0  # answer: this many tokens of Wikipedia around the facts in the memory (raise memory_tokens with --overrides)
     recipe: str = "demo"
-    names: str = "syllables"  # the chains' names: syllables, or list (single tokens of the small vocabulary)
+    names: str = "syllables"  # the chains' names: syllables, list or roles (synthetic.NameStyle; single tokens of the small vocabulary)
     overrides: str = ""  # Hydra overrides of the recipe's agent, comma-separated (e.g. infmem.agent.document.chunk_tokens=64)
     # answer: the answer call from haystack-free chains; write: the Writes of distilled SFT
     # parquets (train_data, one pass unless pool; heldout_data from another distillation seed);
@@ -119,6 +119,18 @@ class ProbeConfig:
     induction_batch: int = 16
     induction_lr: float = 1e-2  # 0: --lr
     induction_eval_every: int = 100
+
+
+def agent_overrides(cfg: ProbeConfig) -> list[str]:
+    """``cfg.overrides`` as the list of Hydra overrides it holds."""
+    return [o for o in cfg.overrides.split(",") if o]
+
+
+def _pool_stream(tokenizer) -> np.ndarray:
+    """The Wikipedia pool's paragraphs that fresh chunks are cut from, as one stream of ids."""
+    from infmem_verl.sft.fresh import _pool_ids
+
+    return np.concatenate(_pool_ids(tokenizer)[1])
 
 
 @dataclass
@@ -167,9 +179,7 @@ class AnswerSamples:
         self.end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.pad = pad
         if pad:
-            from infmem_verl.sft.fresh import _pool_ids
-
-            self.stream = np.concatenate(_pool_ids(tokenizer)[1])
+            self.stream = _pool_stream(tokenizer)
 
     def memory(self, item: Chain) -> np.ndarray:
         """The memory the oracle's Writes leave once both facts are read (the Write's text after
@@ -203,15 +213,20 @@ def asked(item: Chain, index: int, questions: str) -> Chain:
     return dataclasses.replace(item, question=question, answer=answer)
 
 
+def asked_chain(index: int, seed: int, cfg: ProbeConfig) -> Chain:
+    """Chain ``index`` of ``seed`` with ``cfg``'s names, asking what ``cfg.questions`` has it ask."""
+    return asked(chain(index, seed, cfg.names), index, cfg.questions)
+
+
 def build_model(tokenizer, cfg: ProbeConfig) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     from infmem_verl.assets import tiny_qwen3_config
 
-    config = tiny_qwen3_config(tokenizer, cfg.hidden_size, cfg.layers, cfg.heads, qwen3_vocab=not cfg.vocab_size)
-    torch.manual_seed(cfg.model_seed)
     if cfg.init:
         return AutoModelForCausalLM.from_pretrained(cfg.init, dtype=torch.float32)
+    config = tiny_qwen3_config(tokenizer, cfg.hidden_size, cfg.layers, cfg.heads, qwen3_vocab=not cfg.vocab_size)
+    torch.manual_seed(cfg.model_seed)
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
 
@@ -295,9 +310,7 @@ class InductionTask:
         self.length, self.min_span, self.max_span, self.source = length, min_span, max_span, source
         self.vocab = tokenizer.vocab_size  # the learned tokens; the added (special) ones follow
         if source == "text":
-            from infmem_verl.sft.fresh import _pool_ids
-
-            stream = np.concatenate(_pool_ids(tokenizer)[1])
+            stream = _pool_stream(tokenizer)
             cut = len(stream) * 9 // 10
             self.streams = {False: stream[:cut], True: stream[cut:]}
 
@@ -402,7 +415,7 @@ def run_probe(cfg: ProbeConfig, say=print) -> ProbeResult:
     from infmem_verl.small_vocab import small_vocab_dir
 
     tokenizer = load_tokenizer(str(small_vocab_dir(cfg.vocab_size)) if cfg.vocab_size else None)
-    samples = AnswerSamples(tokenizer, cfg.recipe, [o for o in cfg.overrides.split(",") if o], cfg.memory_pad)
+    samples = AnswerSamples(tokenizer, cfg.recipe, agent_overrides(cfg), cfg.memory_pad)
     model = build_model(tokenizer, cfg)
     pad_id = tokenizer.pad_token_id
     induction = induction_pretrain(model, tokenizer, cfg, say) if cfg.induction_steps else []
@@ -410,12 +423,12 @@ def run_probe(cfg: ProbeConfig, say=print) -> ProbeResult:
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _cosine(cfg.steps, cfg.warmup_ratio))
     if cfg.call == "answer":
-        heldout_chains = [asked(chain(i, HELDOUT_SEED, cfg.names), i, cfg.questions) for i in range(cfg.heldout)]
+        heldout_chains = [asked_chain(i, HELDOUT_SEED, cfg) for i in range(cfg.heldout)]
         heldout = [(samples.prompt(i), samples.response(i)) for i in heldout_chains]
         supply = cfg.pool or cfg.steps * cfg.batch_size
 
         def train_pair(index: int) -> tuple[np.ndarray, np.ndarray]:
-            item = asked(chain(index, cfg.seed, cfg.names), index, cfg.questions)
+            item = asked_chain(index, cfg.seed, cfg)
             return samples.prompt(item), samples.response(item)
     elif cfg.call == "fresh":
         if cfg.pool:
@@ -425,7 +438,7 @@ def run_probe(cfg: ProbeConfig, say=print) -> ProbeResult:
         heldout = [(c.prompt, c.response) for c in heldout_calls]
         stream = _fresh_stream(tokenizer, samples, cfg, cfg.seed, kinds)
         if cfg.questions == "all":  # haystack-free answer calls asking each of the chain's names in turn
-            asks = (asked(chain(i, cfg.seed + 1, cfg.names), i, "all") for i in itertools.count())
+            asks = (asked_chain(i, cfg.seed + 1, cfg) for i in itertools.count())
             answers = ((samples.prompt(item), samples.response(item)) for item in asks)
         else:
             answers = ((c.prompt, c.response) for c in _fresh_stream(tokenizer, samples, cfg, cfg.seed + 1, {"answer"}))
@@ -513,7 +526,7 @@ def loop_check(model_dir: str, agent: str, docs: int, temperature: float, cfg: P
     from infmem_verl.cpu.warmup import WarmupSettings, check_sampling, heldout_check
     from infmem_verl.distill import recipe_agent
 
-    _, agent_cfg = recipe_agent(cfg.recipe, [o for o in cfg.overrides.split(",") if o])
+    _, agent_cfg = recipe_agent(cfg.recipe, agent_overrides(cfg))
     settings = WarmupSettings(heldout_samples=docs, doc_tokens=doc_tokens, check_temperature=temperature)
     return heldout_check(Path(model_dir), agent, check_sampling(settings, agent_cfg), settings, cfg.names)
 

@@ -40,6 +40,9 @@ NOTHING = "Nothing relevant yet."
 _SEPARATOR = "\n\n"
 # Paragraphs of the pool pre-tokenized per process (enough that no two chunks look alike).
 POOL_PARAGRAPHS = 3000
+# A clean chunk without a fact: a Wikipedia window of about one fact sentence's length (a fact
+# is ~15-20 tokens), so the clean curriculum's chunks stay short either way.
+CLEAN_FILLER_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -176,7 +179,7 @@ class FreshCalls:
                 evidence = self._evidence(rng, wanted, also)
             here = tuple(f for f, h in zip(item.facts, holder) if h == step)
             if self.clean:
-                chunk = self.builder.encode(" ".join(here)) if here else self._window(rng, 16, ())
+                chunk = self.builder.encode(" ".join(here)) if here else self._window(rng, CLEAN_FILLER_TOKENS, ())
             else:
                 chunk = self._window(rng, self.cfg.document.chunk_tokens, here)
             prompt = self.builder.write(question, memory.ids, chunk, evidence).ids
