@@ -81,6 +81,7 @@ class ProbeConfig:
     heads: int = 4
     lr: float = 3e-3
     warmup_ratio: float = 0.05
+    min_lr_ratio: float = 0.1  # the cosine's floor, a share of lr (1: constant after the warm-up)
     clip_grad: float = 1.0
     batch_size: int = 16
     steps: int = 400
@@ -335,15 +336,15 @@ class InductionTask:
         return torch.from_numpy(np.stack([r[0] for r in rows])), torch.from_numpy(np.stack([r[1] for r in rows]))
 
 
-def _cosine(steps: int, warmup_ratio: float):
-    """verl's SFT schedule as a LambdaLR factor: linear warm-up, cosine to a tenth."""
+def _cosine(steps: int, warmup_ratio: float, floor: float = 0.1):
+    """verl's SFT schedule as a LambdaLR factor: linear warm-up, cosine to ``floor``."""
     warm = max(1, int(steps * warmup_ratio))
 
     def factor(step: int) -> float:
         if step < warm:
             return (step + 1) / warm
         progress = (step - warm) / max(1, steps - warm)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return factor
 
@@ -421,7 +422,7 @@ def run_probe(cfg: ProbeConfig, say=print) -> ProbeResult:
     induction = induction_pretrain(model, tokenizer, cfg, say) if cfg.induction_steps else []
     induction_cpu = induction[-1].cpu_s if induction else 0.0
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _cosine(cfg.steps, cfg.warmup_ratio))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _cosine(cfg.steps, cfg.warmup_ratio, cfg.min_lr_ratio))
     if cfg.call == "answer":
         heldout_chains = [asked_chain(i, HELDOUT_SEED, cfg) for i in range(cfg.heldout)]
         heldout = [(samples.prompt(i), samples.response(i)) for i in heldout_chains]

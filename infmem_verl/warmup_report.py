@@ -47,7 +47,8 @@ class WarmupReport:
 
     settings: dict[str, Any]
     protocol_key: str
-    sft_losses: list[float] = field(default_factory=list)
+    sft_losses: list[float] = field(default_factory=list)  # every SFT step, the stages in order
+    stages: dict[str, int] = field(default_factory=dict)  # steps of each SFT stage, in order (curriculum, then "sft")
     lm_losses: list[float] = field(default_factory=list)  # the stage on every token, before SFT
     heldout: HeldOut | None = None
     seconds: dict[str, float] = field(default_factory=dict)  # per stage

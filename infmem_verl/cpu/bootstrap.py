@@ -38,6 +38,9 @@ class BootstrapSettings:
     val_samples: int = 2  # and to data.val_files (drawn from seed + 1000)
     doc_tokens: int = 16000  # length of each synthetic document
     seed: int = 0  # of the training questions and their documents
+    # How the documents' invented names are made (infmem_verl.data.synthetic.NameStyle): "roles"
+    # (single tokens of the small vocabulary, one kind per role) is what the demo's student copies.
+    names: str = "syllables"
     # tiny_qwen3 over the small-vocabulary tokenizer of this many tokens (infmem_verl/small_vocab.py,
     # Qwen3's special tokens and template; the data is then measured in its tokens); 0: Qwen3's.
     vocab_size: int = 0
@@ -46,6 +49,8 @@ class BootstrapSettings:
         for name in ("train_samples", "val_samples", "doc_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{path}.{name}: expected an integer >= 1, got {getattr(self, name)!r}")
+        if self.names not in ("syllables", "list", "roles"):
+            raise ConfigError(f"{path}.names: expected 'syllables', 'list' or 'roles', got {self.names!r}")
         if self.vocab_size and self.model != "tiny_qwen3":
             raise ConfigError(f"{path}.vocab_size: only the tiny_qwen3 model is built here over the small vocabulary, got model {self.model!r}")
         return self
@@ -57,6 +62,12 @@ def bootstrap_settings(config: DictConfig) -> BootstrapSettings | None:
     if section(config, path, required=False) is None:
         return None
     return read_settings(BootstrapSettings, config, path)
+
+
+def document_names(config: DictConfig) -> str:
+    """How the bootstrapped documents' names are made (``infmem.bootstrap.names``)."""
+    settings = bootstrap_settings(config)
+    return settings.names if settings else "syllables"
 
 
 def _single_file(config: DictConfig, key: str) -> str:
@@ -93,12 +104,14 @@ def bootstrap_inputs(config: DictConfig) -> list[str]:
             wanted = {"samples": count, "doc_tokens": settings.doc_tokens, "seed": seed}
             if tokenizer is not None:
                 wanted["vocab_size"] = len(_tokenizer(tokenizer))
+            if settings.names != "syllables":
+                wanted["names"] = settings.names
             marker = Path(f"{path}.bootstrap.json")
             written = _marker(marker)
             if os.path.isfile(path) and written in (None, wanted):
                 continue  # the user's own file, or ours with these settings
             marker.unlink(missing_ok=True)  # until the new file is complete
-            _write_synthetic(path, count, settings.doc_tokens, seed, tokenizer)
+            _write_synthetic(path, count, settings.doc_tokens, seed, tokenizer, settings.names)
             marker.write_text(json.dumps(wanted) + "\n")
             documents = f"{settings.doc_tokens}-token documents"
             provided.append(f"{key}: wrote {count} synthetic two-hop questions over {documents} to {path}")
@@ -148,11 +161,11 @@ def _own_tokenizer(model: str) -> Path | None:
     return None if AutoConfig.from_pretrained(model).vocab_size == QWEN3_VOCAB else Path(model)
 
 
-def _write_synthetic(path: str, count: int, doc_tokens: int, seed: int, tokenizer: Path | None) -> None:
+def _write_synthetic(path: str, count: int, doc_tokens: int, seed: int, tokenizer: Path | None, names: str) -> None:
     from infmem_verl.data.synthetic import make_dataset
     from infmem_verl.verl_plugin.dataset import write_verl_dataset
 
-    write_verl_dataset(make_dataset(count, doc_tokens, _tokenizer(tokenizer), seed=seed), path)
+    write_verl_dataset(make_dataset(count, doc_tokens, _tokenizer(tokenizer), seed=seed, names=names), path)
 
 
 def _tokenizer(path: Path | None):

@@ -76,12 +76,23 @@ class WarmupSettings:
     # Qwen3's stays the default until a small-vocabulary student is measured to pass min_valid
     # (docs/experiments/2026-12-03-demo-student.md).
     vocab_size: int = 0
+    # The curriculum (infmem_verl/sft/curriculum.py): steps of each stage of fresh oracle calls,
+    # run in this order before the distilled SFT (0: the stage is skipped; "infmem" runs for the
+    # InfMem agent only). What makes the student copy facts with role names (infmem.bootstrap.names).
+    answer_steps: int = 0
+    memagent_steps: int = 0
+    infmem_steps: int = 0
+    answers_per_batch: int = 8  # answer calls added to each batch of the memagent and infmem stages
+    # A stage runs in segments of at most this many steps, each over calls of a new seed with its
+    # own warm-up and cosine: the staged schedule taught all three kinds of name where one
+    # 3,000-step cosine stopped at two (docs/experiments/2026-12-06-copying-names.md).
+    segment_steps: int = 800
     distill_samples: int = 128  # oracle trajectories (each gives about five SFT samples)
     doc_tokens: int = 1024  # synthetic document length, distilled and held out
     # Steps on every token of the distilled sequences before the SFT proper (0: none): the
     # random student's pretraining, in miniature.
     lm_steps: int = 0
-    sft_steps: int = 300
+    sft_steps: int = 300  # on the distilled calls (0: no distillation, the curriculum alone)
     batch_size: int = 8
     lr: float = 1.0e-2  # a random tiny model: 2e-3 left its format tokens unsure after 100 steps
     heldout_samples: int = 16
@@ -91,11 +102,18 @@ class WarmupSettings:
     seed: int = 100  # of the distilled documents (held-out ones: seed + 1000)
 
     def validate(self, path: str) -> WarmupSettings:
-        for name in ("hidden_size", "layers", "distill_samples", "sft_steps", "batch_size", "heldout_samples"):
+        for name in ("hidden_size", "layers", "distill_samples", "batch_size", "heldout_samples", "segment_steps"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{path}.{name}: expected an integer >= 1, got {getattr(self, name)!r}")
-        if self.lm_steps < 0:
-            raise ConfigError(f"{path}.lm_steps: expected an integer >= 0, got {self.lm_steps!r}")
+        for name in ("lm_steps", "sft_steps", "answer_steps", "memagent_steps", "infmem_steps"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{path}.{name}: expected an integer >= 0, got {getattr(self, name)!r}")
+        if not self.sft_steps and not self.curriculum_steps:
+            raise ConfigError(f"{path}: no training; set sft_steps or the curriculum's answer_steps / memagent_steps / infmem_steps")
+        if self.lm_steps and not self.sft_steps:
+            raise ConfigError(f"{path}.lm_steps: trains on the distilled calls, which sft_steps=0 leaves out")
+        if self.answers_per_batch < 0:
+            raise ConfigError(f"{path}.answers_per_batch: expected an integer >= 0, got {self.answers_per_batch!r}")
         if self.doc_tokens < 512:
             raise ConfigError(f"{path}.doc_tokens: expected an integer >= 512, got {self.doc_tokens!r}")
         if not self.lr > 0:
@@ -112,6 +130,10 @@ class WarmupSettings:
             raise ConfigError(f"{path}.hidden_size: expected a multiple of 32 (head_dim), got {self.hidden_size!r}")
         return self
 
+    @property
+    def curriculum_steps(self) -> int:
+        return self.answer_steps + self.memagent_steps + self.infmem_steps
+
 
 def warmup_settings(config: DictConfig) -> WarmupSettings:
     return read_settings(WarmupSettings, config, WARMUP_KEY, required=False)
@@ -127,10 +149,19 @@ def warm_qwen3_dir(
     """
     from infmem_verl.agent.offline_cache import cache_root
 
+    from infmem_verl.assets import tiny_qwen3_dir
+    from infmem_verl.cpu.bootstrap import document_names
+
     settings = warmup_settings(config)
     agent_name = config.actor_rollout_ref.rollout.agent.default_agent_loop.removesuffix("_agent")
     agent_cfg = agent_settings(config)
-    key = protocol_key(settings, agent_name, agent_cfg)
+    names = document_names(config)
+    if settings.sft_steps and names != "syllables":
+        raise ConfigError(
+            f"{WARMUP_KEY}.sft_steps: the distillation's documents have syllable names, the run's {names!r} "
+            "(infmem.bootstrap.names); set sft_steps=0 to warm up on the curriculum alone"
+        )
+    key = protocol_key(settings, agent_name, agent_cfg, names)
     root = (cache_dir or cache_root()) / f"warm-qwen3-{key}"
     model = root / "model"
     if (model / "config.json").is_file() and (root / REPORT).is_file():
@@ -140,16 +171,24 @@ def warm_qwen3_dir(
     report = WarmupReport(dataclasses.asdict(settings), key)
     say(f"warm-up: building the warmed tiny Qwen3 once (cached in {root}; logs in {work})")
 
-    started = time.perf_counter()
-    _distill(settings, recipe, overrides, work)
-    report.seconds["distill"] = time.perf_counter() - started
+    checkpoint = tiny_qwen3_dir(hidden_size=settings.hidden_size, tokenizer_dir=student_tokenizer_dir(settings), layers=settings.layers)
+    if settings.curriculum_steps:
+        started = time.perf_counter()
+        checkpoint = _curriculum(settings, agent_name, agent_cfg, names, checkpoint, work, report)
+        report.seconds["curriculum"] = time.perf_counter() - started
+    if settings.sft_steps:
+        started = time.perf_counter()
+        _distill(settings, recipe, overrides, work)
+        report.seconds["distill"] = time.perf_counter() - started
+
+        started = time.perf_counter()
+        checkpoint, report.lm_losses, losses = _sft(settings, checkpoint, work)
+        report.sft_losses += losses
+        report.stages["sft"] = len(losses)
+        report.seconds["sft"] = time.perf_counter() - started
 
     started = time.perf_counter()
-    checkpoint, report.lm_losses, report.sft_losses = _sft(settings, work)
-    report.seconds["sft"] = time.perf_counter() - started
-
-    started = time.perf_counter()
-    report.heldout = heldout_check(checkpoint, agent_name, check_sampling(settings, agent_cfg), settings)
+    report.heldout = heldout_check(checkpoint, agent_name, check_sampling(settings, agent_cfg), settings, names)
     report.seconds["check"] = time.perf_counter() - started
     say(f"warm-up: {report.heldout.line()}")
     if min(report.heldout.prethink_valid, report.heldout.write_valid) < settings.min_valid:
@@ -181,11 +220,14 @@ def launch_command(config: DictConfig) -> tuple[str, list[str]]:
     return recipe, others
 
 
-def protocol_key(settings: WarmupSettings, agent: str, agent_cfg: AgentConfig) -> str:
+def protocol_key(settings: WarmupSettings, agent: str, agent_cfg: AgentConfig, names: str = "syllables") -> str:
     """A short hash of everything that decides the warmed model and its check (the run's sampling
     excluded: it changes neither what is distilled nor how the check samples)."""
     protocol = dataclasses.asdict(dataclasses.replace(agent_cfg, temperature=1.0, top_p=1.0, top_k=-1))
-    text = json.dumps({"settings": dataclasses.asdict(settings), "agent": agent, "protocol": protocol}, sort_keys=True)
+    fields = {"settings": dataclasses.asdict(settings), "agent": agent, "protocol": protocol}
+    if names != "syllables":  # keys of the warm-ups built before documents had other names stay as they were
+        fields["names"] = names
+    text = json.dumps(fields, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -208,12 +250,35 @@ def _distill(settings: WarmupSettings, recipe: str, overrides: Sequence[str], wo
     _run("distil", command, work / "distill.log", settings.distill_samples, progress)
 
 
-def _sft(settings: WarmupSettings, work: Path) -> tuple[Path, list[float], list[float]]:
-    """The student after ``lm_steps`` on every token of the distilled sequences, then
-    ``sft_steps`` on the calls' responses; with both stages' losses."""
-    from infmem_verl.assets import tiny_qwen3_dir
+def _curriculum(settings: WarmupSettings, agent: str, agent_cfg: AgentConfig, names: str, student: Path, work: Path,
+                report: WarmupReport) -> Path:  # fmt: skip
+    """``student`` after each stage of the curriculum in turn (those with steps; "infmem" for the
+    InfMem agent only), each stage's losses appended to the report's."""
+    from infmem_verl.assets import load_tokenizer
+    from infmem_verl.sft.curriculum import STAGES, write_stage
 
-    student = tiny_qwen3_dir(hidden_size=settings.hidden_size, tokenizer_dir=student_tokenizer_dir(settings), layers=settings.layers)
+    tokenizer = load_tokenizer(str(student))
+    for stage in STAGES:
+        total = getattr(settings, f"{stage}_steps")
+        if stage == "infmem" and agent != "infmem":
+            continue
+        answers = 0 if stage == "answer" else settings.answers_per_batch
+        batch = settings.batch_size + answers
+        for segment, start in enumerate(range(0, total, settings.segment_steps)):
+            steps = min(settings.segment_steps, total - start)
+            name = f"{stage}{segment + 1}"
+            data = work / f"{name}.parquet"
+            if not data.is_file():  # calls of a new seed per segment (each seed uses two: trajectories, answer calls)
+                write_stage(data, stage, steps, batch, tokenizer, agent_cfg, names, settings.seed + 2 * segment, answers)
+            student, losses = _train(name, student, data, work / name, steps, settings, batch)
+            report.sft_losses += losses
+            report.stages[name] = len(losses)
+    return student
+
+
+def _sft(settings: WarmupSettings, student: Path, work: Path) -> tuple[Path, list[float], list[float]]:
+    """``student`` after ``lm_steps`` on every token of the distilled sequences, then
+    ``sft_steps`` on the calls' responses; with both stages' losses."""
     data = work / "distill" / "sft_train.parquet"
     lm_losses: list[float] = []
     if settings.lm_steps:
@@ -239,7 +304,7 @@ def _every_token(data: Path) -> Path:
     return out
 
 
-def _train(stage: str, student: Path, data: Path, out: Path, steps: int, settings: WarmupSettings) -> tuple[Path, list[float]]:
+def _train(stage: str, student: Path, data: Path, out: Path, steps: int, settings: WarmupSettings, batch: int = 0) -> tuple[Path, list[float]]:
     from infmem_verl.sft.cpu import LOSS_LOG
 
     losses_file = out / LOSS_LOG
@@ -247,7 +312,7 @@ def _train(stage: str, student: Path, data: Path, out: Path, steps: int, setting
     command = [
         "-m", "infmem_verl.sft", "+recipe=sft_warmup", f"model.path={student}",
         f"data.train_files={data}", f"trainer.default_local_dir={out}",
-        f"trainer.total_training_steps={steps}", f"data.train_batch_size={settings.batch_size}",
+        f"trainer.total_training_steps={steps}", f"data.train_batch_size={batch or settings.batch_size}", f"data.micro_batch_size_per_gpu={batch or settings.batch_size}",
         f"optim.lr={settings.lr}",
     ]  # fmt: skip
     _run(stage, command, out.parent / f"{out.name}.log", steps, _LineCount(losses_file))

@@ -1,0 +1,117 @@
+"""The warm-up's curriculum: SFT stages of the oracle's calls that teach a tiny student to copy.
+
+A 2-layer student fine-tuned on whole distilled trajectories learns the protocol and copies no
+fact (issue 30). What made it copy (docs/experiments/2026-12-06-copying-names.md) is this order:
+
+1. ``answer``: the answer call alone, over a haystack-free memory of a chain's two facts, each
+   chain asking its two-hop question, its bridge or its entity in turn (:func:`asked`). With
+   role names (:data:`~infmem_verl.data.synthetic.NameStyle`) the student learns to fetch a name
+   per kind of name, so all three kinds must be asked for;
+2. ``memagent``: MemAgent's Writes, with such answer calls in every batch (a kind of name the
+   Writes need less often fades without them);
+3. ``infmem``: InfMem's PreThinks and Writes, with the same answer calls. It starts from the
+   MemAgent student: straight after stage 1 InfMem's Writes, twice as long, copied nothing in 800
+   steps.
+
+Every call is new (:class:`~infmem_verl.sft.fresh.FreshCalls`: the oracle's calls made without the
+loop, about a millisecond each), so no step can lower its loss by remembering an answer. A stage is
+written as an SFT parquet of ``steps x batch`` rows, one pass of the SFT command; rows come in
+groups of one batch (the loader shuffles them anyway: the share of answer calls is what counts).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+from pathlib import Path
+from typing import Iterator, Literal
+
+import numpy as np
+
+from infmem_verl.agent.config import AgentConfig
+from infmem_verl.agent.protocol import PromptBuilder
+from infmem_verl.data.synthetic import Chain, NameStyle, chain
+from infmem_verl.policy.scripted import oracle_answer
+from infmem_verl.sft.fresh import Call, FreshCalls
+from infmem_verl.sft.samples import SFTSample, SFTWriter
+
+Stage = Literal["answer", "memagent", "infmem"]
+# The stages in the order they run; a MemAgent warm-up stops before "infmem".
+STAGES: tuple[Stage, ...] = ("answer", "memagent", "infmem")
+# The calls each stage trains besides its answer calls.
+STAGE_KINDS = {"memagent": ("write",), "infmem": ("prethink", "write")}
+
+
+def asked(item: Chain, index: int, questions: str = "all") -> Chain:
+    """``item`` asking what ``questions`` has chain ``index`` ask: ``"chain"`` its own two-hop
+    question; ``"all"`` its question, its bridge or its entity as ``index % 3``
+    (:attr:`Chain.one_hop`), so the answer is each of its three names in turn."""
+    if questions == "chain":
+        return item
+    if questions != "all":
+        raise ValueError(f"questions: expected 'chain' or 'all', got {questions!r}")
+    turn = index % 3
+    if turn == 0:
+        return item
+    question, answer = item.one_hop[turn - 1]
+    return dataclasses.replace(item, question=question, answer=answer)
+
+
+def answer_call(builder: PromptBuilder, item: Chain, memory: np.ndarray | None = None) -> Call:
+    """The answer call over ``memory`` (default: the chain's two facts, what the oracle's Writes
+    leave once both are read, capped at the memory budget), with the oracle's answer as target."""
+    if memory is None:
+        memory = builder.encode(" ".join(item.facts))[: builder.cfg.memory_tokens]
+    prompt = builder.answer(builder.encode(item.question), memory).ids
+    end = builder.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    return Call("answer", prompt, np.append(builder.encode(oracle_answer(item.answer)), end).astype(np.int32))
+
+
+def answer_calls(builder: PromptBuilder, names: NameStyle, seed: int) -> Iterator[Call]:
+    """Haystack-free answer calls of chains ``0, 1, ...`` of ``seed``, asking every name in turn."""
+    for index in itertools.count():
+        yield answer_call(builder, asked(chain(index, seed, names), index))
+
+
+def stage_calls(stage: Stage, tokenizer, agent_cfg: AgentConfig, names: NameStyle, seed: int, batch: int, answers: int) -> Iterator[Call]:
+    """Stage ``stage``'s calls, a batch at a time: answer calls only for ``"answer"``; else
+    ``batch - answers`` of the stage's agent's own calls (:data:`STAGE_KINDS`) and ``answers``
+    answer calls."""
+    if stage not in STAGES:
+        raise ValueError(f"stage: expected one of {STAGES}, got {stage!r}")
+    builder = PromptBuilder(tokenizer, agent_cfg)
+    # The answer calls draw chains of another seed than the trajectories', so no question repeats.
+    asks = answer_calls(builder, names, seed + 1)
+    if stage == "answer":
+        yield from asks
+        return
+    if not 0 <= answers < batch:
+        raise ValueError(f"answers: expected an integer in [0, {batch}), got {answers!r}")
+    kinds = STAGE_KINDS[stage]
+    fresh = FreshCalls(tokenizer, agent_cfg, stage, seed, names=names)
+    own = (call for _, call in fresh.calls() if call.kind in kinds)
+    while True:
+        yield from itertools.islice(own, batch - answers)
+        yield from itertools.islice(asks, answers)
+
+
+def write_stage(path: Path, stage: Stage, steps: int, batch: int, tokenizer, agent_cfg: AgentConfig, names: NameStyle,
+                seed: int, answers: int) -> Path:  # fmt: skip
+    """Write ``steps x batch`` calls of ``stage`` (:func:`stage_calls`) to the SFT parquet ``path``
+    (all or nothing: written aside, then renamed); returns ``path``."""
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    writer = SFTWriter(tmp, tokenizer, agent_cfg.thinking)
+    calls = stage_calls(stage, tokenizer, agent_cfg, names, seed, batch, answers)
+    for row, call in enumerate(itertools.islice(calls, steps * batch)):
+        sample = SFTSample(
+            input_ids=np.concatenate([call.prompt, call.response]).astype(np.int32),
+            loss_mask=np.concatenate([np.zeros(len(call.prompt), np.int8), np.ones(len(call.response), np.int8)]),
+            prompt_tokens=len(call.prompt),
+            kind=call.kind,
+            turn=0,
+        )
+        writer.write(sample, f"{stage}-{seed}-{row}", f"curriculum:{stage}")
+    writer.close()
+    tmp.rename(path)
+    return path
