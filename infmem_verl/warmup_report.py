@@ -50,7 +50,8 @@ class WarmupReport:
     sft_losses: list[float] = field(default_factory=list)  # every SFT step, the stages in order
     stages: dict[str, int] = field(default_factory=dict)  # steps of each SFT stage, in order (curriculum, then "sft")
     lm_losses: list[float] = field(default_factory=list)  # the stage on every token, before SFT
-    heldout: HeldOut | None = None
+    heldout: HeldOut | None = None  # of the agent whose run built the model
+    agents: dict[str, HeldOut] = field(default_factory=dict)  # of every agent it was built and checked for
     seconds: dict[str, float] = field(default_factory=dict)  # per stage
 
     def to_json(self) -> dict[str, Any]:
@@ -60,7 +61,8 @@ class WarmupReport:
     def read(cls, path: Path) -> WarmupReport:
         data = json.loads(path.read_text(encoding="utf-8"))
         heldout = data.pop("heldout", None)
-        return cls(**data, heldout=HeldOut(**heldout) if heldout else None)
+        agents = {agent: HeldOut(**figures) for agent, figures in data.pop("agents", {}).items()}
+        return cls(**data, heldout=HeldOut(**heldout) if heldout else None, agents=agents)
 
 
 def warmup_report(model_path: str | Path | None) -> WarmupReport | None:

@@ -110,10 +110,32 @@ def pytest_runtest_teardown(item, nextitem):
             _RUNNING_SERVERS.pop().stop()
 
 
+# The demo recipe before its curriculum (the distilled warm-up the tests below were measured with):
+# Qwen3's vocabulary, syllable names, 1,024-token documents in chunks of 256, GRPO on 2 prompts x 2.
+DISTILLED_DEMO = [
+    "infmem.bootstrap.names=syllables",
+    "infmem.bootstrap.train_samples=4",
+    "infmem.bootstrap.val_samples=2",
+    "infmem.bootstrap.doc_tokens=1024",
+    "infmem.warmup.vocab_size=0",
+    "infmem.warmup.answer_steps=0",
+    "infmem.warmup.memagent_steps=0",
+    "infmem.warmup.infmem_steps=0",
+    "infmem.warmup.doc_tokens=1024",
+    "infmem.agent.document.chunk_tokens=256",
+    "data.train_batch_size=2",
+    "actor_rollout_ref.rollout.n=2",
+    "actor_rollout_ref.actor.optim.lr=2.0e-4",
+    "trainer.total_training_steps=2",
+    "trainer.test_freq=2",
+    "trainer.val_before_train=false",
+]
+
 # The demo recipe's warm-up in miniature: it proves the chain distil -> SFT -> check, not the
 # student's quality (no validity threshold: its 3-step student parses 0% of its actions; the
 # longer warm-up of tests/test_warmup.py is held to one it reaches).
 WARMUP_SMALL = [
+    *DISTILLED_DEMO,
     "infmem.warmup.hidden_size=64",
     "infmem.warmup.lr=2.0e-3",  # the learning run of test_cpu_training_runs.py is tuned from this student
     "infmem.warmup.distill_samples=4",

@@ -32,6 +32,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from conftest import DISTILLED_DEMO
 
 TESTS_DIR = Path(__file__).parent
 RUN_TIMEOUT_S = 1200  # a hang guard: 253 s alone, 431 s beside the other xdist worker
@@ -119,6 +120,7 @@ def test_grpo_from_the_sft_checkpoint_raises_a_moveable_reward_with_levers_b_c_d
 
     overrides = [
         "+recipe=demo",
+        *DISTILLED_DEMO,
         "agent=memagent",  # the cheapest rows: a Write per chunk and the answer
         f"actor_rollout_ref.model.path={warm_model}",
         f"data.train_files={workdir}/learn_train.parquet",

@@ -12,7 +12,7 @@ proves the student learns the protocol, against a threshold it reaches.
 from __future__ import annotations
 
 import torch
-from conftest import WARMUP_SMALL, demo_config
+from conftest import DISTILLED_DEMO, WARMUP_SMALL, demo_config
 from infmem_verl.cpu.warmup import warm_qwen3_dir
 from infmem_verl.warmup_report import warmup_report
 
@@ -67,6 +67,7 @@ def test_the_check_samples_at_the_warm_ups_own_settings_whatever_the_launch_samp
 # mean - 2 sd, 74%. An early stop is not asserted (seed 102 read all 4 chunks of every held-out
 # document). About 5.5 min alone on 2 idle cores.
 WARMUP_CHECKED = [
+    *DISTILLED_DEMO,
     "infmem.warmup.seed=103",
     "infmem.warmup.hidden_size=128",
     "infmem.warmup.lr=1.0e-2",
@@ -96,3 +97,55 @@ def test_a_longer_warm_up_follows_the_protocol_on_held_out_documents(tmp_path, m
     # A student that follows the protocol uses it: it retrieves.
     assert heldout.retrieval_calls > 0
 
+
+
+# The demo's curriculum in miniature (its figures come from the full stages, `make demo` and
+# docs/experiments/2026-12-06-demo-curriculum.md): every stage runs, in segments, through the SFT
+# command; one student is built and checked for both agents; a rebuild resumes where it stopped.
+CURRICULUM_SMALL = [
+    "infmem.warmup.hidden_size=64",
+    "infmem.warmup.answer_steps=4",
+    "infmem.warmup.memagent_steps=2",
+    "infmem.warmup.infmem_steps=2",
+    "infmem.warmup.segment_steps=2",
+    "infmem.warmup.batch_size=4",
+    "infmem.warmup.answers_per_batch=2",
+    "infmem.warmup.heldout_samples=2",
+    "infmem.warmup.min_valid=0",
+]
+
+
+def test_the_curriculum_trains_its_stages_in_segments_for_both_agents_and_resumes(tmp_path, monkeypatch):
+    import shutil
+
+    import pyarrow.parquet as pq
+    import pytest
+
+    from infmem_verl.agent.errors import ConfigError
+    from infmem_verl.cpu.warmup import WARMUP_KEY
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    model = warm_qwen3_dir(demo_config(*CURRICULUM_SMALL), "demo", CURRICULUM_SMALL, cache_dir=tmp_path)
+    report = warmup_report(model)
+    assert report.stages == {"answer1": 2, "answer2": 2, "memagent1": 2, "infmem1": 2}
+    assert len(report.sft_losses) == 8 and set(report.seconds) == {"curriculum", "check"}
+    assert set(report.agents) == {"infmem", "memagent"} and report.heldout == report.agents["infmem"]
+    assert report.agents["memagent"].retrieval_calls == 0 and report.agents["infmem"].samples == 2
+    work = model.parent / "work"
+    # Each segment trains one pass over calls of its own seed: none is seen twice.
+    segments = [pq.read_table(work / f"answer{i}.parquet").column("input_ids").to_pylist() for i in (1, 2)]
+    assert [len(rows) for rows in segments] == [8, 8]
+    assert len({tuple(row) for rows in segments for row in rows}) == 16
+    # The MemAgent run uses the same student (one cache entry for both agents).
+    assert warm_qwen3_dir(demo_config(*CURRICULUM_SMALL, "agent=memagent"), "demo", CURRICULUM_SMALL, cache_dir=tmp_path) == model
+    # A build stopped before its last segment resumes there: the finished ones are not trained again.
+    trained = {name: (work / name / "sft_losses.jsonl").stat().st_mtime_ns for name in ("answer1", "answer2", "memagent1")}
+    shutil.rmtree(model)
+    (model.parent / "warmup.json").unlink()
+    shutil.rmtree(work / "infmem1")
+    assert warm_qwen3_dir(demo_config(*CURRICULUM_SMALL), "demo", CURRICULUM_SMALL, cache_dir=tmp_path) == model
+    assert {name: (work / name / "sft_losses.jsonl").stat().st_mtime_ns for name in trained} == trained
+    assert warmup_report(model).stages == report.stages
+    # The distillation's documents have syllable names: with role names the warm-up refuses it.
+    with pytest.raises(ConfigError, match=rf"{WARMUP_KEY}\.sft_steps: the distillation's documents have syllable names"):
+        warm_qwen3_dir(demo_config(*CURRICULUM_SMALL, "infmem.warmup.sft_steps=5"), "demo", [], cache_dir=tmp_path)

@@ -137,7 +137,7 @@ def _model(config: DictConfig, settings: BootstrapSettings) -> tuple[str, str]:
         from infmem_verl.cpu.warmup import launch_command, warm_qwen3_dir
 
         path = warm_qwen3_dir(config, *launch_command(config))
-        return str(path), "tiny Qwen3 warmed up on the oracle's distilled trajectories"
+        return str(path), "tiny Qwen3 warmed up on the oracle's calls (infmem.warmup)"
     from infmem_verl.assets import tiny_qwen3_dir
 
     if not settings.vocab_size:

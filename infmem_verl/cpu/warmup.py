@@ -6,17 +6,24 @@ closes its thinking, so every trajectory scores the same and every advantage is 
 bootstrapping recipe becomes a model warmed up the way the paper's recipe warms up its backbone,
 in miniature:
 
-1. **distil** - the synthetic set's oracle (:func:`~infmem_verl.policy.scripted.oracle_policy`,
+0. **curriculum** (``answer_steps``, ``memagent_steps``, ``infmem_steps``; the demo recipe's
+   warm-up) - the stages of :mod:`infmem_verl.sft.curriculum`, each an SFT parquet of the oracle's
+   calls made without the loop and trained by the same SFT command in segments of at most
+   ``segment_steps`` (each a new seed, warm-up and cosine); a segment already trained is kept
+   when a build is resumed. With an InfMem stage and no ``sft_steps`` one student serves both
+   agents (:func:`built_for`): the cache key names both, and step 3 checks both;
+1. **distil** (with ``sft_steps``) - the synthetic set's oracle (:func:`~infmem_verl.policy.scripted.oracle_policy`,
    which knows where the two facts are) runs the recipe's agent protocol, through
    ``python -m infmem_verl.distill --teacher oracle`` (every finished trajectory kept);
-2. **SFT** - the tiny random Qwen3 (:func:`~infmem_verl.assets.tiny_qwen3_dir`; by default over
-   the 4,096-token vocabulary of :mod:`infmem_verl.small_vocab`, which carries Qwen3's special
-   tokens and chat template, so the protocol is the same) is fine-tuned on those calls through
+2. **SFT** (with ``sft_steps``) - the tiny Qwen3 (:func:`~infmem_verl.assets.tiny_qwen3_dir`, or
+   the curriculum's; over Qwen3's vocabulary or, with ``vocab_size``, that of
+   :mod:`infmem_verl.small_vocab`, which carries Qwen3's special tokens and chat template, so the
+   protocol is the same) is fine-tuned on those calls through
    ``python -m infmem_verl.sft +recipe=sft_warmup`` (the CPU loop); with ``lm_steps`` it first
    trains that many steps on every token of the same sequences (a stand-in for the pretraining a
    real backbone brings: the prompts repeat the question's names in the search history and the
    memory, which is copying, and the responses are trained there too);
-3. **check** - the SFT model runs the recipe's agent on held-out synthetic documents (another
+3. **check** - the trained model runs the recipe's agent on held-out synthetic documents (another
    seed), sampled at the warm-up's own ``check_temperature`` / ``check_top_p`` (Qwen3's
    thinking-mode 0.6 / 0.95), not at the launching run's, so the cached model and its report
    are the same whichever run built them. It measures the share of PreThink turns whose action
@@ -77,8 +84,9 @@ class WarmupSettings:
     # (docs/experiments/2026-12-03-demo-student.md).
     vocab_size: int = 0
     # The curriculum (infmem_verl/sft/curriculum.py): steps of each stage of fresh oracle calls,
-    # run in this order before the distilled SFT (0: the stage is skipped; "infmem" runs for the
-    # InfMem agent only). What makes the student copy facts with role names (infmem.bootstrap.names).
+    # run in this order before the distilled SFT (0: the stage is skipped). What makes the student
+    # copy facts with role names (infmem.bootstrap.names). With infmem_steps and no sft_steps the
+    # student serves both agents (built_for).
     answer_steps: int = 0
     memagent_steps: int = 0
     infmem_steps: int = 0
@@ -161,7 +169,8 @@ def warm_qwen3_dir(
             f"{WARMUP_KEY}.sft_steps: the distillation's documents have syllable names, the run's {names!r} "
             "(infmem.bootstrap.names); set sft_steps=0 to warm up on the curriculum alone"
         )
-    key = protocol_key(settings, agent_name, agent_cfg, names)
+    agents = built_for(settings, agent_name)
+    key = protocol_key(settings, "+".join(agents), agent_cfg, names)
     root = (cache_dir or cache_root()) / f"warm-qwen3-{key}"
     model = root / "model"
     if (model / "config.json").is_file() and (root / REPORT).is_file():
@@ -174,7 +183,7 @@ def warm_qwen3_dir(
     checkpoint = tiny_qwen3_dir(hidden_size=settings.hidden_size, tokenizer_dir=student_tokenizer_dir(settings), layers=settings.layers)
     if settings.curriculum_steps:
         started = time.perf_counter()
-        checkpoint = _curriculum(settings, agent_name, agent_cfg, names, checkpoint, work, report)
+        checkpoint = _curriculum(settings, agent_cfg, names, checkpoint, work, report)
         report.seconds["curriculum"] = time.perf_counter() - started
     if settings.sft_steps:
         started = time.perf_counter()
@@ -188,20 +197,31 @@ def warm_qwen3_dir(
         report.seconds["sft"] = time.perf_counter() - started
 
     started = time.perf_counter()
-    report.heldout = heldout_check(checkpoint, agent_name, check_sampling(settings, agent_cfg), settings, names)
+    for agent in agents:
+        report.agents[agent] = heldout = heldout_check(checkpoint, agent, check_sampling(settings, agent_cfg), settings, names)
+        say(f"warm-up: {agent}: {heldout.line()}")
+        if min(heldout.prethink_valid, heldout.write_valid) < settings.min_valid:  # NaN (MemAgent's PreThinks) never is
+            raise WarmupError(
+                f"{WARMUP_KEY}: the warmed model follows the protocol on fewer than min_valid={settings.min_valid:.0%} "
+                f"of held-out {agent} turns ({heldout.line()}); raise the steps, distill_samples or hidden_size"
+            )
+    report.heldout = report.agents[agent_name]
     report.seconds["check"] = time.perf_counter() - started
-    say(f"warm-up: {report.heldout.line()}")
-    if min(report.heldout.prethink_valid, report.heldout.write_valid) < settings.min_valid:
-        raise WarmupError(
-            f"{WARMUP_KEY}: the warmed model follows the protocol on fewer than min_valid={settings.min_valid:.0%} "
-            f"of held-out turns ({report.heldout.line()}); raise sft_steps, distill_samples or hidden_size"
-        )
     tmp = root / f"model.tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(checkpoint, tmp)
     tmp.rename(model)
     (root / REPORT).write_text(json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
     return model
+
+
+def built_for(settings: WarmupSettings, agent: str) -> tuple[str, ...]:
+    """The agents the warmed student is built and checked for: both when the curriculum's InfMem
+    stage is its last training (its batches keep MemAgent's Writes, so a MemAgent run and an InfMem
+    run share one student and one cache entry), else the run's own."""
+    if settings.infmem_steps and not settings.sft_steps:
+        return ("infmem", "memagent")
+    return (agent,)
 
 
 def launch_command(config: DictConfig) -> tuple[str, list[str]]:
@@ -250,18 +270,15 @@ def _distill(settings: WarmupSettings, recipe: str, overrides: Sequence[str], wo
     _run("distil", command, work / "distill.log", settings.distill_samples, progress)
 
 
-def _curriculum(settings: WarmupSettings, agent: str, agent_cfg: AgentConfig, names: str, student: Path, work: Path,
-                report: WarmupReport) -> Path:  # fmt: skip
-    """``student`` after each stage of the curriculum in turn (those with steps; "infmem" for the
-    InfMem agent only), each stage's losses appended to the report's."""
+def _curriculum(settings: WarmupSettings, agent_cfg: AgentConfig, names: str, student: Path, work: Path, report: WarmupReport) -> Path:
+    """``student`` after each stage of the curriculum with steps, in turn, each stage's losses
+    appended to the report's."""
     from infmem_verl.assets import load_tokenizer
     from infmem_verl.sft.curriculum import STAGES, write_stage
 
     tokenizer = load_tokenizer(str(student))
     for stage in STAGES:
         total = getattr(settings, f"{stage}_steps")
-        if stage == "infmem" and agent != "infmem":
-            continue
         answers = 0 if stage == "answer" else settings.answers_per_batch
         batch = settings.batch_size + answers
         for segment, start in enumerate(range(0, total, settings.segment_steps)):
@@ -270,10 +287,22 @@ def _curriculum(settings: WarmupSettings, agent: str, agent_cfg: AgentConfig, na
             data = work / f"{name}.parquet"
             if not data.is_file():  # calls of a new seed per segment (each seed uses two: trajectories, answer calls)
                 write_stage(data, stage, steps, batch, tokenizer, agent_cfg, names, settings.seed + 2 * segment, answers)
-            student, losses = _train(name, student, data, work / name, steps, settings, batch)
+            student, losses = _finished(work / name, steps) or _train(name, student, data, work / name, steps, settings, batch)
             report.sft_losses += losses
             report.stages[name] = len(losses)
     return student
+
+
+def _finished(out: Path, steps: int) -> tuple[Path, list[float]] | None:
+    """The checkpoint and losses of a segment an interrupted build already trained (None if not):
+    a rebuild resumes at the first unfinished segment."""
+    from infmem_verl.sft.cpu import LOSS_LOG
+
+    checkpoint = out / f"global_step_{steps}" / "huggingface"
+    if not (checkpoint / "config.json").is_file() or not (out / LOSS_LOG).is_file():
+        return None
+    losses = [json.loads(line)["loss"] for line in (out / LOSS_LOG).read_text().splitlines() if line.strip()]
+    return (checkpoint, losses) if len(losses) == steps else None
 
 
 def _sft(settings: WarmupSettings, student: Path, work: Path) -> tuple[Path, list[float], list[float]]:

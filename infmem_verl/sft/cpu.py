@@ -173,9 +173,16 @@ def _log_probs(model, data: TensorDict, pad_id: int) -> torch.Tensor:
 
 
 def _save(model, tokenizer, root: Path, step: int) -> Path:
-    """The model and tokenizer where verl's checkpoint manager puts its Hugging Face copy."""
+    """The model and tokenizer where verl's checkpoint manager puts its Hugging Face copy (written
+    aside and renamed: a folder that exists is whole, which the warm-up's resume relies on)."""
+    import shutil
+
     folder = root / f"global_step_{step}" / "huggingface"
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    tmp = folder.with_name(f"{folder.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
     return folder

@@ -11,7 +11,9 @@ fact (issue 30). What made it copy (docs/experiments/2026-12-06-copying-names.md
    Writes need less often fades without them);
 3. ``infmem``: InfMem's PreThinks and Writes, with the same answer calls. It starts from the
    MemAgent student: straight after stage 1 InfMem's Writes, twice as long, copied nothing in 800
-   steps.
+   steps. MemAgent's Writes stay in its batches (without them the MemAgent reader fell from 86% to
+   20% held out in 300 steps), so one student serves both agents, as one backbone does in the
+   papers' comparison.
 
 Every call is new (:class:`~infmem_verl.sft.fresh.FreshCalls`: the oracle's calls made without the
 loop, about a millisecond each), so no step can lower its loss by remembering an answer. A stage is
@@ -39,8 +41,8 @@ from infmem_verl.sft.samples import SFTSample, SFTWriter
 Stage = Literal["answer", "memagent", "infmem"]
 # The stages in the order they run; a MemAgent warm-up stops before "infmem".
 STAGES: tuple[Stage, ...] = ("answer", "memagent", "infmem")
-# The calls each stage trains besides its answer calls.
-STAGE_KINDS = {"memagent": ("write",), "infmem": ("prethink", "write")}
+# The calls each stage trains besides its answer calls: (agent, kinds) sources sharing a batch evenly.
+STAGE_SOURCES = {"memagent": (("memagent", ("write",)),), "infmem": (("infmem", ("prethink", "write")), ("memagent", ("write",)))}
 
 
 def asked(item: Chain, index: int, questions: str = "all") -> Chain:
@@ -76,8 +78,8 @@ def answer_calls(builder: PromptBuilder, names: NameStyle, seed: int) -> Iterato
 
 def stage_calls(stage: Stage, tokenizer, agent_cfg: AgentConfig, names: NameStyle, seed: int, batch: int, answers: int) -> Iterator[Call]:
     """Stage ``stage``'s calls, a batch at a time: answer calls only for ``"answer"``; else
-    ``batch - answers`` of the stage's agent's own calls (:data:`STAGE_KINDS`) and ``answers``
-    answer calls."""
+    ``batch - answers`` calls of the stage's sources (:data:`STAGE_SOURCES`, an even share each)
+    and ``answers`` answer calls."""
     if stage not in STAGES:
         raise ValueError(f"stage: expected one of {STAGES}, got {stage!r}")
     builder = PromptBuilder(tokenizer, agent_cfg)
@@ -88,12 +90,17 @@ def stage_calls(stage: Stage, tokenizer, agent_cfg: AgentConfig, names: NameStyl
         return
     if not 0 <= answers < batch:
         raise ValueError(f"answers: expected an integer in [0, {batch}), got {answers!r}")
-    kinds = STAGE_KINDS[stage]
-    fresh = FreshCalls(tokenizer, agent_cfg, stage, seed, names=names)
-    own = (call for _, call in fresh.calls() if call.kind in kinds)
+    sources = STAGE_SOURCES[stage]
+    streams = [_calls(FreshCalls(tokenizer, agent_cfg, agent, seed, names=names), kinds) for agent, kinds in sources]
+    shares = [(batch - answers) // len(sources) + (i < (batch - answers) % len(sources)) for i in range(len(sources))]
     while True:
-        yield from itertools.islice(own, batch - answers)
+        for stream, share in zip(streams, shares):
+            yield from itertools.islice(stream, share)
         yield from itertools.islice(asks, answers)
+
+
+def _calls(fresh: FreshCalls, kinds: tuple[str, ...]) -> Iterator[Call]:
+    return (call for _, call in fresh.calls() if call.kind in kinds)
 
 
 def write_stage(path: Path, stage: Stage, steps: int, batch: int, tokenizer, agent_cfg: AgentConfig, names: NameStyle,
