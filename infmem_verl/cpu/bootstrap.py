@@ -64,12 +64,6 @@ def bootstrap_settings(config: DictConfig) -> BootstrapSettings | None:
     return read_settings(BootstrapSettings, config, path)
 
 
-def document_names(config: DictConfig) -> str:
-    """How the bootstrapped documents' names are made (``infmem.bootstrap.names``)."""
-    settings = bootstrap_settings(config)
-    return settings.names if settings else "syllables"
-
-
 def _single_file(config: DictConfig, key: str) -> str:
     files = OmegaConf.select(config, key)
     if not isinstance(files, str):

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from infmem_verl.agent.config import AgentConfig
 from infmem_verl.agent.errors import ConfigError
@@ -101,7 +101,7 @@ class WarmupSettings:
     # random student's pretraining, in miniature.
     lm_steps: int = 0
     sft_steps: int = 300  # on the distilled calls (0: no distillation, the curriculum alone)
-    batch_size: int = 8
+    batch_size: int = 8  # calls a step: the distilled SFT's and the answer stage's (the others add answers_per_batch)
     lr: float = 1.0e-2  # a random tiny model: 2e-3 left its format tokens unsure after 100 steps
     heldout_samples: int = 16
     min_valid: float = 0.9  # least share of valid PreThink actions and of valid Writes
@@ -158,12 +158,12 @@ def warm_qwen3_dir(
     from infmem_verl.agent.offline_cache import cache_root
 
     from infmem_verl.assets import tiny_qwen3_dir
-    from infmem_verl.cpu.bootstrap import document_names
 
     settings = warmup_settings(config)
     agent_name = config.actor_rollout_ref.rollout.agent.default_agent_loop.removesuffix("_agent")
     agent_cfg = agent_settings(config)
-    names = document_names(config)
+    # The documents' names (infmem.bootstrap.names, validated by the bootstrap that calls this).
+    names = str(OmegaConf.select(config, "infmem.bootstrap.names", default="syllables"))
     if settings.sft_steps and names != "syllables":
         raise ConfigError(
             f"{WARMUP_KEY}.sft_steps: the distillation's documents have syllable names, the run's {names!r} "
