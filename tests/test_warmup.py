@@ -115,6 +115,26 @@ CURRICULUM_SMALL = [
 ]
 
 
+def test_warm_up_settings_without_training_or_with_a_negative_share_are_refused():
+    import pytest
+
+    from infmem_verl.agent.errors import ConfigError
+    from infmem_verl.cpu.warmup import warmup_settings
+
+    with pytest.raises(ConfigError, match=r"infmem\.warmup: no training; set sft_steps or the curriculum's"):
+        warmup_settings(demo_config("infmem.warmup.answer_steps=0", "infmem.warmup.memagent_steps=0", "infmem.warmup.infmem_steps=0"))
+    with pytest.raises(ConfigError, match=r"infmem\.warmup\.lm_steps: trains on the distilled calls"):
+        warmup_settings(demo_config("infmem.warmup.lm_steps=5"))
+    with pytest.raises(ConfigError, match=r"infmem\.warmup\.answers_per_batch: expected an integer >= 0, got -1"):
+        warmup_settings(demo_config("infmem.warmup.answers_per_batch=-1"))
+    with pytest.raises(ConfigError, match=r"infmem\.warmup\.segment_steps: expected an integer >= 1, got 0"):
+        warmup_settings(demo_config("infmem.warmup.segment_steps=0"))
+    with pytest.raises(ConfigError, match=r"infmem\.bootstrap\.names: expected 'syllables', 'list' or 'roles', got 'greek'"):
+        from infmem_verl.cpu.bootstrap import bootstrap_settings
+
+        bootstrap_settings(demo_config("infmem.bootstrap.names=greek"))
+
+
 def test_the_curriculum_trains_its_stages_in_segments_for_both_agents_and_resumes(tmp_path, monkeypatch):
     import shutil
 

@@ -156,7 +156,6 @@ def warm_qwen3_dir(
     in ``config`` (the launcher passes its own command line).
     """
     from infmem_verl.agent.offline_cache import cache_root
-
     from infmem_verl.assets import tiny_qwen3_dir
 
     settings = warmup_settings(config)
