@@ -63,8 +63,8 @@ import torch
 
 from infmem_verl.agent.protocol import PromptBuilder, parse_answer
 from infmem_verl.data.synthetic import Chain, chain
-from infmem_verl.policy.scripted import oracle_answer
 from infmem_verl.reward.metrics import sub_em
+from infmem_verl.sft.curriculum import answer_call, asked
 
 # Held-out chains are drawn from this seed; training chains from --seed (0 is the tokenizer's
 # own training text, so the default training seed is 1).
@@ -194,24 +194,11 @@ class AnswerSamples:
             facts = np.concatenate([filler[:cut], facts, filler[cut:]])
         return facts[: self.agent_cfg.memory_tokens]
 
-    def prompt(self, item: Chain) -> np.ndarray:
-        return self.builder.answer(self.builder.encode(item.question), self.memory(item)).ids
-
-    def response(self, item: Chain) -> np.ndarray:
-        return np.append(self.builder.encode(oracle_answer(item.answer)), self.end_id).astype(np.int32)
-
-
-def asked(item: Chain, index: int, questions: str) -> Chain:
-    """``item`` asking what ``questions`` has chain ``index`` ask (see ProbeConfig.questions)."""
-    if questions == "chain":
-        return item
-    if questions != "all":
-        raise ValueError(f"questions: expected 'chain' or 'all', got {questions!r}")
-    turn = index % 3
-    if turn == 0:
-        return item
-    question, answer = item.one_hop[turn - 1]
-    return dataclasses.replace(item, question=question, answer=answer)
+    def pair(self, item: Chain) -> tuple[np.ndarray, np.ndarray]:
+        """The answer call's (prompt ids, response ids) over :meth:`memory` (the curriculum's own
+        :func:`~infmem_verl.sft.curriculum.answer_call`)."""
+        call = answer_call(self.builder, item, self.memory(item))
+        return call.prompt, call.response
 
 
 def asked_chain(index: int, seed: int, cfg: ProbeConfig) -> Chain:
@@ -252,7 +239,7 @@ def response_logits(model, ids: torch.Tensor, trained: torch.Tensor) -> tuple[to
 def greedy_answers(model, samples: AnswerSamples, items: Sequence[Chain], max_tokens: int = 48) -> list[str | None]:
     """Parsed greedy answers of the answer call (left-padded batch generation)."""
     tok = samples.builder.tokenizer
-    prompts = [samples.prompt(item) for item in items]
+    prompts = [samples.pair(item)[0] for item in items]
     width = max(len(p) for p in prompts)
     pad = tok.pad_token_id
     ids = torch.full((len(prompts), width), pad, dtype=torch.long)
@@ -425,12 +412,12 @@ def run_probe(cfg: ProbeConfig, say=print) -> ProbeResult:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _cosine(cfg.steps, cfg.warmup_ratio, cfg.min_lr_ratio))
     if cfg.call == "answer":
         heldout_chains = [asked_chain(i, HELDOUT_SEED, cfg) for i in range(cfg.heldout)]
-        heldout = [(samples.prompt(i), samples.response(i)) for i in heldout_chains]
+        heldout = [samples.pair(i) for i in heldout_chains]
         supply = cfg.pool or cfg.steps * cfg.batch_size
 
         def train_pair(index: int) -> tuple[np.ndarray, np.ndarray]:
             item = asked_chain(index, cfg.seed, cfg)
-            return samples.prompt(item), samples.response(item)
+            return samples.pair(item)
     elif cfg.call == "fresh":
         if cfg.pool:
             raise ValueError("pool: fresh calls are never repeated")
@@ -440,7 +427,7 @@ def run_probe(cfg: ProbeConfig, say=print) -> ProbeResult:
         stream = _fresh_stream(tokenizer, samples, cfg, cfg.seed, kinds)
         if cfg.questions == "all":  # haystack-free answer calls asking each of the chain's names in turn
             asks = (asked_chain(i, cfg.seed + 1, cfg) for i in itertools.count())
-            answers = ((samples.prompt(item), samples.response(item)) for item in asks)
+            answers = (samples.pair(item) for item in asks)
         else:
             answers = ((c.prompt, c.response) for c in _fresh_stream(tokenizer, samples, cfg, cfg.seed + 1, {"answer"}))
         supply = cfg.steps * cfg.batch_size

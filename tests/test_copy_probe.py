@@ -42,7 +42,7 @@ def test_the_probes_answer_samples_are_the_distilled_answer_samples(distilled):
         row = answers[sample.id]
         item = Chain(sample.meta["template"], sample.question, tuple(f["text"] for f in sample.meta["facts"]), sample.meta["bridge"], sample.answers[0])
         ids, mask = np.asarray(row["input_ids"]), np.asarray(row["loss_mask"])
-        prompt, response = probe.prompt(item), probe.response(item)
+        prompt, response = probe.pair(item)
         assert ids.tolist() == np.concatenate([prompt, response]).tolist()
         assert mask[len(prompt) :].all() and not mask[: len(prompt)].any()
 

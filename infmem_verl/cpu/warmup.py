@@ -300,7 +300,7 @@ def _finished(out: Path, steps: int) -> tuple[Path, list[float]] | None:
     checkpoint = out / f"global_step_{steps}" / "huggingface"
     if not (checkpoint / "config.json").is_file() or not (out / LOSS_LOG).is_file():
         return None
-    losses = [json.loads(line)["loss"] for line in (out / LOSS_LOG).read_text().splitlines() if line.strip()]
+    losses = _losses(out / LOSS_LOG)
     return (checkpoint, losses) if len(losses) == steps else None
 
 
@@ -344,8 +344,12 @@ def _train(stage: str, student: Path, data: Path, out: Path, steps: int, setting
         f"optim.lr={settings.lr}",
     ]  # fmt: skip
     _run(stage, command, out.parent / f"{out.name}.log", steps, _LineCount(losses_file))
-    losses = [json.loads(line)["loss"] for line in losses_file.read_text().splitlines() if line.strip()]
-    return out / f"global_step_{steps}" / "huggingface", losses
+    return out / f"global_step_{steps}" / "huggingface", _losses(losses_file)
+
+
+def _losses(path: Path) -> list[float]:
+    """The per-step losses the SFT command appended to ``path``."""
+    return [json.loads(line)["loss"] for line in path.read_text().splitlines() if line.strip()]
 
 
 def student_tokenizer_dir(settings: WarmupSettings) -> Path | None:
