@@ -288,6 +288,28 @@ def test_bootstrap_builds_missing_data_once_and_keeps_existing_files(tmp_path, t
     assert json.loads(Path(f"{train}.bootstrap.json").read_text())["doc_tokens"] == 700
 
 
+def test_bootstrap_measures_documents_in_the_tokens_of_a_model_given_by_path(tmp_path, monkeypatch):
+    """A small-vocabulary model passed by path (the demo's warmed student, reused in another run)
+    reads documents as long, in its own tokens, as those it was warmed up and checked on; Qwen3's
+    tokenizer, 1.4x coarser on this text, made them 1.4x longer (9 chunks of 128 instead of 6)."""
+    from infmem_verl.assets import load_tokenizer, tiny_qwen3_dir
+    from infmem_verl.data.documents import resolve
+    from infmem_verl.small_vocab import small_vocab_dir
+
+    monkeypatch.chdir(tmp_path)
+    model = tiny_qwen3_dir(cache_dir=tmp_path, tokenizer_dir=small_vocab_dir(4096))
+    config = make_config(
+        "+recipe=smoke", "infmem.bootstrap={model:tiny_qwen3,train_samples:1,val_samples:1,doc_tokens:768,seed:3}",
+        f"actor_rollout_ref.model.path={model}",
+    )  # fmt: skip
+    bootstrap_inputs(config)
+    assert json.loads(Path(f"{config.data.train_files}.bootstrap.json").read_text())["vocab_size"] == 4096
+    row = pq.read_table(config.data.train_files).to_pylist()[0]
+    text = resolve(row["document_ref"])
+    own, qwen3 = len(load_tokenizer(str(model))(text).input_ids), len(load_tokenizer()(text).input_ids)
+    assert 700 <= own <= 768 and qwen3 < 0.8 * own, (own, qwen3)
+
+
 def test_the_offline_cache_is_read_when_used_not_when_imported(tmp_path, monkeypatch):
     from infmem_verl.agent.static_embed import table_path
     from infmem_verl.assets import tiny_qwen3_dir

@@ -81,13 +81,14 @@ def bootstrap_inputs(config: DictConfig) -> list[str]:
     if settings is None:
         return []
     provided = []
-    tokenizer = None  # Qwen3's, unless the model built here has its own (the small vocabulary)
     with open_dict(config):
         if config.actor_rollout_ref.model.path is None:
             path, what = _model(config, settings)  # built once, then cached
             config.actor_rollout_ref.model.path = path
             provided.append(f"model: {what} at {path}")
-            tokenizer = _own_tokenizer(path)
+        # Qwen3's, unless the model (built here, or a given one such as the demo's warmed student)
+        # has its own: documents are then measured in its tokens.
+        tokenizer = _own_tokenizer(str(config.actor_rollout_ref.model.path))
         for key, count, seed in (
             ("data.train_files", settings.train_samples, settings.seed),
             ("data.val_files", settings.val_samples, settings.seed + VAL_SEED_OFFSET),
@@ -147,11 +148,14 @@ def _model(config: DictConfig, settings: BootstrapSettings) -> tuple[str, str]:
 
 
 def _own_tokenizer(model: str) -> Path | None:
-    """The small-vocabulary tokenizer a model built here was made with; None for Qwen3's."""
+    """The small-vocabulary tokenizer of a local model folder made with one; None for Qwen3's
+    (and for a model that is not a local folder: a hub name is read by verl, not here)."""
     from transformers import AutoConfig
 
     from infmem_verl.assets import QWEN3_VOCAB
 
+    if not os.path.isfile(os.path.join(model, "config.json")):
+        return None
     return None if AutoConfig.from_pretrained(model).vocab_size == QWEN3_VOCAB else Path(model)
 
 
