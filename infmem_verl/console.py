@@ -137,7 +137,7 @@ def heldout_change(steps: Sequence[Mapping[str, Any]], components: Sequence[str]
         if a is None or b is None:
             continue
         two_se = 2 * math.sqrt(max(0.0, min(b, 1.0) * (1 - min(b, 1.0))) / n)
-        verdict = "above noise" if b - a > two_se else "within noise"
+        verdict = "above noise" if b - a > two_se else "below noise" if a - b > two_se else "within noise"
         lines.append(f"    {name:<12}{a:.3f} -> {b:.3f} ({b - a:+.3f}; 2 SE {two_se:.3f}: {verdict})")
     return lines
 

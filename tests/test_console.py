@@ -121,13 +121,16 @@ def test_known_harmless_warnings_are_silenced_where_they_are_raised():
 def test_the_end_table_compares_the_first_and_last_validation_against_two_standard_errors():
     from infmem_verl.console import end_table
 
-    def val(step, acc, outcome):
-        return {"step": step, "val-infmem/reward": outcome, "val-infmem/acc": acc, "val-infmem/outcome": outcome, "val-infmem/trajectories": 64.0}
+    def val(step, acc, outcome, protocol):
+        values = {"reward": outcome, "acc": acc, "outcome": outcome, "protocol": protocol, "trajectories": 64.0}
+        return {"step": step} | {f"val-infmem/{k}": v for k, v in values.items()}
 
-    steps = [val(0, 0.25, 0.25), {"step": 1, "infmem/reward": 0.3}, val(8, 0.5, 0.3)]
-    lines = end_table(steps, ["outcome"], {"training": 1.0})
+    steps = [val(0, 0.25, 0.25, 0.98), {"step": 1, "infmem/reward": 0.3}, val(8, 0.5, 0.3, 0.83)]
+    lines = end_table(steps, ["outcome", "protocol"], {"training": 1.0})
     at = lines.index("  held out, validation at step 0 -> 8 (64 trajectories; 2 SE of the last mean):")
     # 2 * sqrt(.5 * .5 / 64) = .125 < +.25; 2 * sqrt(.3 * .7 / 64) = .115 > +.05
     assert lines[at + 1].split() == ["acc", "0.250", "->", "0.500", "(+0.250;", "2", "SE", "0.125:", "above", "noise)"]
     assert lines[at + 2].split()[-2:] == ["within", "noise)"] and "0.115" in lines[at + 2]
+    # A fall past two standard errors says so (a GRPO run that broke the protocol read "within").
+    assert lines[at + 3].split()[-5:] == ["2", "SE", "0.094:", "below", "noise)"]  # 2 * sqrt(.83 * .17 / 64)
     assert not any("held out" in line for line in end_table(steps[:2], ["outcome"], {}))  # one validation: no comparison
