@@ -119,6 +119,7 @@ def test_warm_up_settings_without_training_or_with_a_negative_share_are_refused(
     import pytest
 
     from infmem_verl.agent.errors import ConfigError
+    from infmem_verl.cpu.bootstrap import bootstrap_settings
     from infmem_verl.cpu.warmup import warmup_settings
 
     with pytest.raises(ConfigError, match=r"infmem\.warmup: no training; set sft_steps or the curriculum's"):
@@ -130,8 +131,6 @@ def test_warm_up_settings_without_training_or_with_a_negative_share_are_refused(
     with pytest.raises(ConfigError, match=r"infmem\.warmup\.segment_steps: expected an integer >= 1, got 0"):
         warmup_settings(demo_config("infmem.warmup.segment_steps=0"))
     with pytest.raises(ConfigError, match=r"infmem\.bootstrap\.names: expected 'syllables', 'list' or 'roles', got 'greek'"):
-        from infmem_verl.cpu.bootstrap import bootstrap_settings
-
         bootstrap_settings(demo_config("infmem.bootstrap.names=greek"))
 
 
