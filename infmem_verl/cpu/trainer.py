@@ -23,6 +23,7 @@ last update. Checkpoints are verl's own save and resume
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import ray
@@ -41,6 +42,8 @@ from infmem_verl.verl_plugin.trainer import InfMemSyncTrainer
 WEIGHTS = "cpu/weights"
 # How long a liveness ping may wait on a busy actor before the poll goes on (it is alive then).
 PING_TIMEOUT_S = 5.0
+# The pings' pace: the buffer polls every REPLAY_POLL_S (0.2 s), a dead actor needs no such haste.
+WATCH_INTERVAL_S = 2.0
 
 
 class WatchedReplayBuffer(ReplayBuffer):
@@ -53,9 +56,12 @@ class WatchedReplayBuffer(ReplayBuffer):
     """
 
     watch: Callable[[], None]
+    last_watch: float = 0.0
 
     def _wait_for_next_poll(self, partition_id: str, last_debug_time: float) -> float:
-        self.watch()
+        if time.monotonic() - self.last_watch >= WATCH_INTERVAL_S:
+            self.watch()
+            self.last_watch = time.monotonic()
         return super()._wait_for_next_poll(partition_id, last_debug_time)
 
 
