@@ -5,8 +5,9 @@ The warm-up (:mod:`infmem_verl.cpu.warmup`) runs the real ``python -m infmem_ver
 student on held-out documents with the agent core, and caches the model with its report. Two
 sizes: the ``warm_model`` fixture of conftest.py (4 distilled trajectories, 3 SFT steps) proves
 the chain, and GRPO from its SFT output, in console mode, is the learning run of
-tests/test_cpu_training_runs.py; a longer one (64 trajectories, 300 steps, about 5 minutes)
-proves the student learns the protocol, against a threshold it reaches.
+tests/test_cpu_training_runs.py; a longer one (64 trajectories, 300 steps over the demo's
+4,096-token vocabulary, about 2-4 minutes) proves the student learns the protocol, against a
+threshold it reaches.
 """
 
 from __future__ import annotations
@@ -53,21 +54,20 @@ def test_the_check_samples_at_the_warm_ups_own_settings_whatever_the_launch_samp
         warmup_settings(demo_config("infmem.warmup.check_top_p=0"))
 
 
-# Between the suite's chain check and `make demo` (128 trajectories, 500 steps of batch 8: 95-99%
-# of PreThink actions, 94-98% of Writes valid). Checked greedily (check_temperature=0) at one torch
-# thread, as the suite's workers run (conftest.py): the thread count changes the build (seed 103
-# built 94% / 100% at one thread, 79% / 79% at two, 2026-12-05). A build still varies across seeds,
-# code changes and runs, so the bar comes from the spread of eleven builds (seeds 100-104 in sample
-# order, 2026-12-04; seeds 100, 101, 102, 100 in completion order before; seed 103 at one and at
-# two threads, 2026-12-05; docs/experiments/2026-12-03-demo-student.md): PreThink valid 52 / 100 /
-# 100 / 89 / 91 / 80 / 93 / 88 / 66 / 94 / 79% (mean 85, sd 15), Writes valid 100 / 100 / 95 / 94 /
-# 100 / 100 / 86 / 97 / 97 / 100 / 79% (mean 95, sd 7). Each alone swings too far for a bar that
-# catches a regression (two of the eleven fell under its mean - 2 sd); their mean per build does not
-# (76 / 100 / 98 / 92 / 96 / 90 / 90 / 93 / 82 / 97 / 79%: mean 90, sd 8), and its bar sits at
-# mean - 2 sd, 74%. An early stop is not asserted (seed 102 read all 4 chunks of every held-out
-# document). About 5.5 min alone on 2 idle cores.
+# Between the suite's chain check and `make demo`: the distilled student of the demo's vocabulary
+# (4,096 tokens, infmem_verl/small_vocab.py), whose output layer is a 37th of Qwen3's: its 300 SFT
+# steps took 87-179 s, where the whole test took 275-537 s over Qwen3's vocabulary. Checked greedily
+# (check_temperature=0) at one torch thread, as the suite's workers run (conftest.py; the thread
+# count changes the build). A build varies across seeds, so the bar comes from the spread of eight
+# builds, seeds 100-107, two at a time at one thread each as the suite's two workers run
+# (2026-12-06, docs/experiments/2026-12-06-suite-students.md): PreThink valid 87 / 75 / 90 / 70 / 78
+# / 80 / 79 / 91%, Writes valid 81 / 100 / 98 / 98 / 80 / 100 / 90 / 100%. Each rate alone swings
+# too far for a bar that catches a regression; their mean per build (84 / 87 / 94 / 84 / 79 / 90 /
+# 85 / 96%: mean 87.3, sd 5.7) holds a bar at mean - 2 sd, 75%. An early stop is not asserted (seed
+# 105 read all 4 chunks of every held-out document). About 2 minutes alone, 4 beside a busy worker.
 WARMUP_CHECKED = [
     *DISTILLED_DEMO,
+    "infmem.warmup.vocab_size=4096",
     "infmem.warmup.seed=103",
     "infmem.warmup.hidden_size=128",
     "infmem.warmup.lr=1.0e-2",
@@ -93,7 +93,7 @@ def test_a_longer_warm_up_follows_the_protocol_on_held_out_documents(tmp_path, m
     assert len(losses) == 300 and sum(losses[-20:]) / 20 < 0.25 * sum(losses[:20]) / 20
     heldout = report.heldout
     assert heldout.samples == 16
-    assert (heldout.prethink_valid + heldout.write_valid) / 2 >= 0.74, heldout
+    assert (heldout.prethink_valid + heldout.write_valid) / 2 >= 0.75, heldout
     # A student that follows the protocol uses it: it retrieves.
     assert heldout.retrieval_calls > 0
 
