@@ -79,9 +79,9 @@ class WarmupSettings:
     layers: int = 2
     # Tokens of the student's vocabulary: 0 for Qwen3's own (151,936 rows, whose output layer is
     # ~97% of a hidden-128 student's compute wherever logits are taken), or a small BPE of this
-    # many tokens with Qwen3's special tokens and chat template (infmem_verl/small_vocab.py).
-    # Qwen3's stays the default until a small-vocabulary student is measured to pass min_valid
-    # (docs/experiments/2026-12-03-demo-student.md).
+    # many tokens with Qwen3's special tokens and chat template (infmem_verl/small_vocab.py). The
+    # demo recipe and the suite's checked warm-up use 4,096; their students pass min_valid
+    # (docs/experiments/2026-12-06-demo-curriculum.md, 2026-12-06-suite-students.md).
     vocab_size: int = 0
     # The curriculum (infmem_verl/sft/curriculum.py): steps of each stage of fresh oracle calls,
     # run in this order before the distilled SFT (0: the stage is skipped). What makes the student
