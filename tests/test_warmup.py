@@ -6,7 +6,7 @@ student on held-out documents with the agent core, and caches the model with its
 sizes: the ``warm_model`` fixture of conftest.py (4 distilled trajectories, 3 SFT steps) proves
 the chain, and GRPO from its SFT output, in console mode, is the learning run of
 tests/test_cpu_training_runs.py; a longer one (64 trajectories, 300 steps over the demo's
-4,096-token vocabulary, about 2-4 minutes) proves the student learns the protocol, against a
+4,096-token vocabulary, about 2 minutes) proves the student learns the protocol, against a
 threshold it reaches.
 """
 
@@ -64,7 +64,8 @@ def test_the_check_samples_at_the_warm_ups_own_settings_whatever_the_launch_samp
 # / 80 / 79 / 91%, Writes valid 81 / 100 / 98 / 98 / 80 / 100 / 90 / 100%. Each rate alone swings
 # too far for a bar that catches a regression; their mean per build (84 / 87 / 94 / 84 / 79 / 90 /
 # 85 / 96%: mean 87.3, sd 5.7) holds a bar at mean - 2 sd, 75%. An early stop is not asserted (seed
-# 105 read all 4 chunks of every held-out document). About 2 minutes alone, 4 beside a busy worker.
+# 105 read all 4 chunks of every held-out document). 124 s alone, 92 s in a whole suite, 237-243 s
+# beside a GRPO run (2026-12-06).
 WARMUP_CHECKED = [
     *DISTILLED_DEMO,
     "infmem.warmup.vocab_size=4096",
