@@ -62,6 +62,16 @@ def test_analyzer_splits_punctuation_and_case(stem, stopwords):
     assert analyzer.words("Seurat's snake_case 3.14") == ["seurat", "s", "snake", "case", "3", "14"]
 
 
+def test_ascii_text_splits_as_the_unicode_path_splits_it(units):
+    # Pure-ASCII text takes a translate-and-split path; one non-ASCII word appended sends the
+    # same text through the regex path, which must then find the same words before it.
+    analyzer = get_analyzer(stem=False, stopwords=False)
+    ascii_units = [u for u in units if u.isascii()] + ["a_b-c'd  3.14\t$x@y.z\n\nEND", ""]
+    assert len(ascii_units) > 100
+    for text in ascii_units:
+        assert analyzer.words(text + " é") == analyzer.words(text) + ["é"]
+
+
 def test_analyzer_flags_change_terms():
     assert get_analyzer(False, False).analyze("The painted paintings") == ["the", "painted", "paintings"]
     assert get_analyzer(False, True).analyze("The painted paintings") == ["painted", "paintings"]
@@ -338,16 +348,21 @@ def _one_pass_sparse(unit_terms: list[list[str]], k1: float, b: float) -> tuple[
     return vocab, tf
 
 
-@pytest.mark.parametrize("block", [5, 1 << 16])
-def test_streamed_sparse_index_equals_the_one_pass_build(units, block, monkeypatch):
-    # Same vocabulary (ids in order of first appearance) and bit-identical weights, whatever the
-    # block the weights are computed in; hence the same scores and hits.
+@pytest.mark.parametrize("block,ingest", [(5, 7), (1 << 16, 256)])
+def test_streamed_sparse_index_equals_the_one_pass_build(units, block, ingest, monkeypatch):
+    # Same vocabulary (ids in order of first appearance), bit-identical weights and the same
+    # term sequence, whatever the blocks units are read in and weights computed in; hence the
+    # same scores and hits.
     monkeypatch.setattr(retrieval_module, "_WEIGHT_BLOCK", block)
+    monkeypatch.setattr(retrieval_module, "_INGEST_UNITS", ingest)
     analyzer = get_analyzer(stem=True, stopwords=True)
     unit_terms = [analyzer.analyze(t) for t in units] + [[]]  # a unit without terms too
+    unit_terms.insert(100, [])  # and one inside a block
     vocab, expected = _one_pass_sparse(unit_terms, k1=1.2, b=0.75)
     streamed = SparseBM25(iter(unit_terms), k1=1.2, b=0.75)
     assert list(streamed.vocab.items()) == list(vocab.items())
+    sequence = [i for terms in unit_terms for i in [vocab[t] for t in terms] + [-1]]
+    np.testing.assert_array_equal(SparseBM25(iter(unit_terms), k1=1.2, b=0.75, bigram_weight=0.5).term_sequence, sequence)
     got = streamed.weights
     assert got.dtype == np.float32 and got.has_sorted_indices and expected.has_sorted_indices
     for name in ("data", "indices", "indptr"):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import array
 import collections
 import functools
+import itertools
 import re
 import threading
 from collections.abc import Iterable, Sequence
@@ -40,6 +41,10 @@ from infmem_verl.agent.whitespace import WhitespaceAnalyzer
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
 _TOKEN_RE = re.compile(rf"[{_CJK}]+|[^\W_{_CJK}]+")
 _CJK_RE = re.compile(rf"[{_CJK}]")
+# The same split for ASCII text, without the regex engine: every ASCII character that is not a
+# letter or digit becomes a space, then str.split(). About 7 in 10 units of a Wikipedia
+# document are pure ASCII, and this is where the regex spent most of a 1M-token build's analysis.
+_ASCII_SEPARATORS = str.maketrans({i: " " for i in range(128) if not chr(i).isalnum()})
 
 # Most words an analyzer keeps stemmed. The analyzers are process-wide, so whatever the cache
 # holds stays for the process: the first document to fill it carries it in its peak memory. It
@@ -48,6 +53,10 @@ _CJK_RE = re.compile(rf"[{_CJK}]")
 # holding 43,144 / 15,525 / 1,062 words at the end, ~110 bytes a word (4.5 / 1.7 / 0.1 MiB; see
 # docs/experiments/2026-12-04-retrieval-cost.md).
 STEM_CACHE_WORDS = 1 << 14
+# Units whose terms SparseBM25 turns into matrix entries at a time (~3K terms of Wikipedia text).
+# At 1M tokens 256 built 6% faster than 64 but raised a first sample's peak memory from
+# 4.3-4.4x to 4.6x its text (bench.agent_core, target 5x).
+_INGEST_UNITS = 64
 # BM25 weights are computed this many matrix entries at a time, bounding float64 temporaries.
 _WEIGHT_BLOCK = 1 << 16
 # numpy type of each array typecode SparseBM25 collects term counts in.
@@ -93,8 +102,11 @@ class Analyzer:
 
     def words(self, text: str) -> list[str]:
         """Lowercased word tokens of ``text``, before stopwords and stemming."""
+        text = text.lower()
+        if text.isascii():
+            return text.translate(_ASCII_SEPARATORS).split()
         out: list[str] = []
-        for token in _TOKEN_RE.findall(text.lower()):
+        for token in _TOKEN_RE.findall(text):
             if _CJK_RE.match(token):
                 out.extend(token)
                 out.extend(token[i : i + 2] for i in range(len(token) - 1))
@@ -105,11 +117,11 @@ class Analyzer:
     def analyze(self, text: str) -> list[str]:
         """The terms of ``text``: words, without stopwords if enabled, stemmed if enabled."""
         words = self.words(text)
-        if self.stopwords:
-            words = [w for w in words if w not in STOPWORDS]
         if self._stemmer is None:
-            return words
+            return [w for w in words if w not in STOPWORDS] if self.stopwords else words
         stems = self._stems_of(words)
+        if self.stopwords:
+            return [stems[w] for w in words if w not in STOPWORDS]
         return [stems[w] for w in words]
 
     @property
@@ -120,7 +132,7 @@ class Analyzer:
     def _stems_of(self, words: list[str]) -> Mapping[str, str]:
         """A mapping holding the stem of each of ``words``, stemming and caching unknown ones."""
         known = self._stems
-        unknown = list({w for w in words if w not in known})
+        unknown = list(set(words).difference(known))
         if not unknown:
             return known
         with self._lock:
@@ -197,8 +209,8 @@ class SparseBM25:
         heading_terms: Sequence[Sequence[str]] | None = None,
         heading_weight: float = 0.0,
     ) -> None:
-        # Streamed: one unit's terms at a time become its distinct term ids and their counts, so
-        # memory grows with the matrix, not with the document's tokens.
+        # Streamed: a block of units' terms at a time become each unit's distinct term ids and
+        # their counts, so memory grows with the matrix, not with the document's tokens.
         self.vocab: dict[str, int] = {}
         self.k1 = k1
         self.bigram_weight = float(bigram_weight)
@@ -209,20 +221,26 @@ class SparseBM25:
         # than 65,535 terms, which no document config cuts, widens them to 32 bits.
         term_ids, counts, sequence = array.array("i"), array.array("H"), array.array("i")
         lengths, widths = array.array("q"), array.array("q")
-        for terms in unit_terms:
-            ids = np.fromiter(
-                (self.vocab.setdefault(t, len(self.vocab)) for t in terms), dtype=np.int32, count=len(terms)
-            )
-            distinct, count = np.unique(ids, return_counts=True)
-            term_ids.frombytes(distinct.tobytes())
-            if len(terms) > 0xFFFF and counts.typecode == "H":
+        units = iter(unit_terms)
+        while block := list(itertools.islice(units, _INGEST_UNITS)):
+            # Python touches each of the block's distinct terms once; the rest runs in C. Term ids
+            # are given in order of first occurrence, as a unit-by-unit walk would give them.
+            sizes = np.fromiter(map(len, block), dtype=np.int64, count=len(block))
+            flat = list(itertools.chain.from_iterable(block))
+            ids_of = dict.fromkeys(flat)
+            for term in ids_of:
+                ids_of[term] = self.vocab.setdefault(term, len(self.vocab))
+            ids = np.fromiter(map(ids_of.__getitem__, flat), dtype=np.int32, count=len(flat))
+            # (unit, term) pairs as one sortable key: unit in the high 32 bits.
+            keys, count = np.unique(np.repeat(np.arange(len(block), dtype=np.int64), sizes) << 32 | ids, return_counts=True)
+            term_ids.frombytes((keys & 0xFFFFFFFF).astype(np.int32).tobytes())
+            if sizes.max() > 0xFFFF and counts.typecode == "H":
                 counts = array.array("I", counts)
             counts.frombytes(count.astype(_COUNT_TYPES[counts.typecode]).tobytes())
             if self.bigram_weight > 0:
-                sequence.frombytes(ids.tobytes())
-                sequence.append(_UNIT_END)
-            lengths.append(len(terms))
-            widths.append(len(distinct))
+                sequence.frombytes(np.insert(ids, np.cumsum(sizes), _UNIT_END).astype(np.int32).tobytes())
+            lengths.frombytes(sizes.tobytes())
+            widths.frombytes(np.bincount(keys >> 32, minlength=len(block)).astype(np.int64).tobytes())
         n_units = len(lengths)
         # Unit by unit the entries form the columns of the term-by-unit matrix; tocsr() gives
         # the term rows a query selects, column indices sorted. The buffers are freed as soon as
