@@ -47,6 +47,7 @@ import numpy as np
 from bench.retrieval import REAL_SETS, SEED, Clock, LengthPlan, article_token_counts, real_document, real_queries
 from infmem_verl.agent.config import DocumentConfig, RetrievalConfig
 from infmem_verl.agent.rerank import WINDOW_TOKENS, Precision, UnitEmbeddings, _encode, _encoder, embed, fuse, window_encoding
+from infmem_verl.agent.rerank import warm_up as rerank_warm_up
 from infmem_verl.agent.retrieval import BM25Index, Hit
 from infmem_verl.assets import load_tokenizer, wiki_paragraphs
 
@@ -70,18 +71,19 @@ class Lever:
     prefilter: int = 0
     precision: Precision = "auto"
     layers: int = 0
+    compiled: bool = False
 
     @property
-    def vectors_key(self) -> tuple[int, int, str, int]:
+    def vectors_key(self) -> tuple[int, int, str, int, bool]:
         """Which embedding pass the lever's recall reads: every 128-piece window (levers that keep
         the first of them slice it), or each unit's first window of a shorter length; at the
-        lever's precision and depth."""
-        return self.window_tokens, 0 if self.window_tokens == WINDOW_TOKENS else 1, self.precision, self.layers
+        lever's precision and depth, compiled or not."""
+        return self.window_tokens, 0 if self.window_tokens == WINDOW_TOKENS else 1, self.precision, self.layers, self.compiled
 
     @property
-    def model_key(self) -> tuple[str, int]:
+    def model_key(self) -> tuple[str, int, bool]:
         """The MiniLM that embeds the lever's windows and queries (:func:`encoder`'s arguments)."""
-        return self.precision, self.layers
+        return self.precision, self.layers, self.compiled
 
 
 LEVERS = (
@@ -95,6 +97,7 @@ LEVERS = (
     Lever("top 30, first 64-piece window", candidates=30, windows=1, window_tokens=SHORT_WINDOW),
     Lever("top 20, first 64-piece window", candidates=20, windows=1, window_tokens=SHORT_WINDOW),
     Lever("top 10, first 64-piece window", candidates=10, windows=1, window_tokens=SHORT_WINDOW),
+    Lever("top 30, first 64-piece window, torch.compile (the stage's)", candidates=30, windows=1, window_tokens=SHORT_WINDOW, compiled=True),
     Lever("top 30, first 64-piece window, int8 Linear layers", candidates=30, windows=1, window_tokens=SHORT_WINDOW, precision="int8"),
     Lever("top 30, first 64-piece window, MiniLM's first 5 of 6 layers", candidates=30, windows=1, window_tokens=SHORT_WINDOW, layers=5),
     Lever("top 30, first 64-piece window, MiniLM's first 4 of 6 layers", candidates=30, windows=1, window_tokens=SHORT_WINDOW, layers=4),
@@ -113,10 +116,11 @@ LEVERS = (
 
 
 @functools.lru_cache(maxsize=4)
-def encoder(precision: Precision = "auto", layers: int = 0):
-    """MiniLM at ``precision`` (:func:`~infmem_verl.agent.rerank._encoder`), keeping only its
-    first ``layers`` transformer layers when 0 < ``layers`` < 6: the sentence embedding is then
-    the same mean pooling over the truncated stack's output.
+def encoder(precision: Precision = "auto", layers: int = 0, compiled: bool = False):
+    """MiniLM at ``precision`` (:func:`~infmem_verl.agent.rerank._encoder`), compiled as
+    ``retrieval.rerank_compile`` compiles it or eager, keeping only its first ``layers``
+    transformer layers when 0 < ``layers`` < 6 (eager): the sentence embedding is then the same
+    mean pooling over the truncated stack's output.
 
     Why a lever: the Linear layers are 76% of a pass's CPU and attention 15%, all of it per layer
     (docs/experiments/2026-12-04-retrieval-cost.md, section 5), so k of 6 layers read the same
@@ -125,8 +129,8 @@ def encoder(precision: Precision = "auto", layers: int = 0):
     an earlier layer's pooled output is worth for retrieval is what this measures. A copy: the
     stage's own model (and the float32 one the static stage distils from) stays whole.
     """
-    model = _encoder(precision)
-    if model is None or layers <= 0 or layers >= model.config.num_hidden_layers:
+    model = _encoder(precision, compiled)
+    if model is None or compiled or layers <= 0 or layers >= model.config.num_hidden_layers:
         return model
     model = copy.deepcopy(model)
     model.encoder.layer = model.encoder.layer[:layers]
@@ -209,11 +213,12 @@ def recall_at_4(lever: Lever, hay: Haystack, windows: Windows, queries: np.ndarr
 
 def cold_cost(lever: Lever, hay: Haystack, static: list[np.ndarray], n: int) -> tuple[float, float, float]:
     """Mean process CPU seconds, wall seconds and word pieces of a query whose candidates are
-    all new."""
+    all new, over the first ``n`` queries BM25 finds candidates for."""
     cpu = wall = 0.0
     pieces = 0
     model = encoder(*lever.model_key)
-    for i in range(n):
+    timed = [i for i, pool in enumerate(hay.pools) if pool][:n]
+    for i in timed:
         units, _ = choose(lever, hay.pools[i], static[i])
         encoding, _ = window_encoding([hay.units[u] for u in units], lever.window_tokens, lever.windows)
         pieces += int(encoding["attention_mask"].sum())
@@ -222,7 +227,7 @@ def cold_cost(lever: Lever, hay: Haystack, static: list[np.ndarray], n: int) -> 
             fresh.similarities(hay.queries[i], units)
         cpu += clock.cpu
         wall += clock.wall
-    return cpu / n, wall / n, pieces / n
+    return cpu / len(timed), wall / len(timed), pieces / len(timed)
 
 
 def batched_cost(hay: Haystack, n: int, candidates: int = 20) -> tuple[float, float]:
@@ -250,18 +255,22 @@ def batched_cost(hay: Haystack, n: int, candidates: int = 20) -> tuple[float, fl
 
 def defaults_in_order(
     hay: Haystack, cfg: RetrievalConfig, precision: Precision = "auto", layers: int = 0
-) -> tuple[float, float, int]:
+) -> tuple[float, float, int, float]:
     """Recall@4, CPU seconds per query and units embedded of ``cfg`` (the defaults, unless
     ``--set``) through ``BM25Index.search``, every query in order over one shared cache, MiniLM
-    at ``precision`` with its first ``layers`` layers (0: all)."""
+    at ``precision`` with its first ``layers`` layers (0: all); and the CPU seconds of compiling
+    MiniLM (``cfg.rerank_compile``), paid before the clock starts, once a process."""
     index = BM25Index.of_document(hay.doc, cfg, hay.units)
     assert index.rerank, "the defaults rerank at 1M tokens"
+    warm_up = 0.0
     if precision != "auto" or layers:  # the index's own cache, created before its first search would
         index._embeddings = UnitEmbeddings(hay.units, cfg.rerank_window_tokens, cfg.rerank_windows, encoder(precision, layers))
+    elif cfg.rerank_compile:
+        warm_up = rerank_warm_up(cfg.rerank_window_tokens, cfg.rerank_candidates, compiled=True)
     with Clock() as clock:
         tops = [np.array([h.unit for h in index.search(q, 4)], dtype=np.int64) for q in hay.queries]
     hits = sum(bool(np.isin(top, g).any()) for top, g in zip(tops, hay.gold))
-    return hits / len(tops), clock.cpu / len(tops), index.num_embedded
+    return hits / len(tops), clock.cpu / len(tops), index.num_embedded, warm_up
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -312,12 +321,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         if not args.no_defaults:
             changes = {k: int(v) for k, v in (pair.split("=") for pair in args.set.split(",") if pair)}
             config = dataclasses.replace(RetrievalConfig(), **changes)
-            recall, cpu, embedded = defaults_in_order(hay, config, args.precision, args.layers)
+            recall, cpu, embedded, warm_up = defaults_in_order(hay, config, args.precision, args.layers)
             depth = f"MiniLM's first {args.layers} layers" if args.layers else ""
             changed = ", ".join(filter(None, [args.set, "" if args.precision == "auto" else args.precision, depth]))
             label = f"the defaults{' with ' + changed if changed else ''}, BM25Index.search, queries in order"
             table.setdefault(label, {})[name] = (recall, cpu, float("nan"), float("nan"))
-            extra.append(f"{name}: defaults in order: {embedded} units embedded for {len(hay.queries)} queries; load {os.getloadavg()[0]:.1f}")
+            compiled = f"; MiniLM compiled first ({warm_up:.0f} CPU-s, untimed)" if warm_up else ""
+            extra.append(f"{name}: defaults in order: {embedded} units embedded for {len(hay.queries)} queries{compiled}; load {os.getloadavg()[0]:.1f}")
     sets = args.sets.split(",")
     print(f"\n== The dense stage's levers at 1M tokens (seed {args.seed}, {args.questions} queries a set; cold: {args.cold} queries) ==")
     print(f"{'lever':58s}" + "".join(f" {s + ' R@4':>13s} {'cold CPU s':>10s} {'wall s':>7s} {'pieces':>7s}" for s in sets))
@@ -345,7 +355,7 @@ def levers(hay: Haystack, table: dict[str, dict[str, tuple]], cold: int, chosen:
     queries: dict[tuple[str, int], np.ndarray] = {}
     for lever in chosen:
         if lever.vectors_key not in windows:
-            window_tokens, max_windows, _, _ = lever.vectors_key
+            window_tokens, max_windows, *_ = lever.vectors_key
             windows[lever.vectors_key] = passes = Windows()
             passes.add(wanted, texts, window_tokens, max_windows, encoder(*lever.model_key))
         if lever.model_key not in queries:
@@ -359,7 +369,7 @@ def levers(hay: Haystack, table: dict[str, dict[str, tuple]], cold: int, chosen:
         build_cpu = static_build.cpu
         static = [static_embeddings.similarities(q, np.array([h.unit for h in p], dtype=np.int64)) for q, p in zip(hay.queries, hay.pools)]
     passes = ", ".join(
-        f"{k[0]}-piece {'every window' if k[1] == 0 else 'first window'} {k[2]}{f' {k[3]} layers' if k[3] else ''} {w.cpu:.0f} s"
+        f"{k[0]}-piece {'every window' if k[1] == 0 else 'first window'} {k[2]}{f' {k[3]} layers' if k[3] else ''}{' compiled' if k[4] else ''} {w.cpu:.0f} s"
         for k, w in windows.items()
     )
     print(

@@ -15,7 +15,18 @@ from infmem_verl.agent import retrieval as retrieval_module
 from infmem_verl.agent.config import DocumentConfig, RetrievalConfig
 from infmem_verl.agent.errors import ConfigError
 from infmem_verl.agent.document import Document
-from infmem_verl.agent.rerank import RRF_K, UnitEmbeddings, _encoder, embed, embed_windows, fuse, reciprocal_rank_fusion, window_encoding
+from infmem_verl.agent.rerank import (
+    RRF_K,
+    UnitEmbeddings,
+    _CompiledMiniLM,
+    _encode,
+    _encoder,
+    embed,
+    embed_windows,
+    fuse,
+    reciprocal_rank_fusion,
+    window_encoding,
+)
 from infmem_verl.agent.retrieval import STOPWORDS, Analyzer, BM25Index, Hit, SparseBM25, get_analyzer
 from infmem_verl.assets import wiki_paragraphs
 
@@ -530,6 +541,38 @@ def test_a_cold_query_and_its_new_candidates_take_one_pass_and_a_repeated_query_
     np.testing.assert_allclose(sims, vectors @ embed([query])[0], atol=2e-3)
 
 
+def test_the_compiled_minilm_embeds_as_the_eager_one(units):
+    """``retrieval.rerank_compile`` (the default) runs MiniLM through torch.compile with its
+    weights frozen: the similarities of the stage's passes (a pool with its query, one candidate
+    with its query, a query alone) stay those of the eager model, within bfloat16's spread
+    (cosines within 3e-3, measured up to 2.1e-3)."""
+    eager = UnitEmbeddings(units, 64, 1)
+    compiled = BM25Index.build(units, RetrievalConfig(rerank=True)).embeddings
+    assert compiled.compiled and not eager.compiled
+    for query, pool in (
+        ("Which river flows through the capital of the empire?", np.arange(30)),
+        ("Who painted the portrait?", np.arange(30, 31)),
+        ("When was the treaty signed?", np.arange(30)),  # candidates cached: the query alone
+    ):
+        np.testing.assert_allclose(compiled.similarities(query, pool), eager.similarities(query, pool), atol=3e-3)
+    assert compiled.passes == 2 and _encoder(compiled=True).failed is None
+
+
+def test_a_minilm_that_fails_to_compile_warns_and_runs_eagerly(units):
+    # No C++ compiler for inductor's kernels: the first pass warns and runs the eager model.
+    import copy
+
+    import torch._inductor.config as inductor_config
+
+    model = _CompiledMiniLM(copy.deepcopy(_encoder()))  # a new module: nothing compiled for it yet
+    encoding = window_encoding(units[:3], 64, 1)[0]
+    with inductor_config.patch({"cpp.cxx": ("no-such-compiler-c++",)}):
+        with pytest.warns(RuntimeWarning, match="rerank_compile: torch.compile of MiniLM failed.*no-such-compiler"):
+            vectors = _encode(encoding, model)
+    assert model.failed
+    np.testing.assert_array_equal(vectors, _encode(encoding, model.model))
+
+
 def test_minilm_passes_run_on_rerank_threads_and_leave_every_other_threads_count(units):
     """``retrieval.rerank_threads`` sets torch's threads for the passes on the searching thread
     only, and puts them back: the caller's count (a policy's, the event loop's) is untouched."""
@@ -591,8 +634,6 @@ def test_int8_minilm_stays_close_to_float32_on_real_paragraphs():
     stay within cosine .95 of float32's (measured .967 at worst, .983 on average), every Linear
     layer is quantized, and every title still finds its own paragraph first, as with float32."""
     import torch
-
-    from infmem_verl.agent.rerank import _encode, _encoder
 
     int8_model = _encoder("int8")
     if int8_model is None:

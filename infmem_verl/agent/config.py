@@ -159,6 +159,12 @@ class RetrievalConfig:
     # a second thread spins waiting for a core: a cold query took 1.5 s instead of 0.1-0.2
     # (docs/experiments/2026-12-06-rollout-1m.md).
     rerank_threads: int = 1
+    # Compile MiniLM with torch.compile (inductor, weights frozen into the graph) on its first
+    # pass in a process: that pass takes ~10-25 s more, every later one 0.67-0.78x the eager
+    # bfloat16 pass at the default's shapes (one thread, interleaved, 2026-12-06 evening; window
+    # cosine to the eager model >= 0.9999). Where compiling fails (no C++ compiler, say) the
+    # stage warns once and runs eagerly.
+    rerank_compile: bool = True
     # How the second stage fuses BM25 and embeddings: "rrf", "score" (weighted, min-max scaled) or "dense".
     fusion: Literal["rrf", "score", "dense"] = "score"
     # The cosine's weight in score fusion (the BM25 score gets 1 - fusion_weight).

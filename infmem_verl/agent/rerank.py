@@ -22,7 +22,8 @@ default past 128K tokens, where BM25 alone falls below recall@4 .95 (see
 ``RetrievalConfig.rerank``), and this is its default embedder; :mod:`.static_embed` is the cheap
 one (``retrieval.rerank_model="static"``): the same fusions, the whole document embedded in
 seconds, gaining little. Where the CPU computes bfloat16 natively the passes run MiniLM in bfloat16
-(:func:`_encoder`).
+(:func:`_encoder`), and by default through torch.compile (``retrieval.rerank_compile``,
+:class:`_CompiledMiniLM`): 0.79-0.86x the eager model's CPU a cold query at 1M tokens.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import warnings
 from typing import Literal, Sequence
 
 import numpy as np
@@ -80,8 +82,9 @@ Precision = Literal["auto", "int8", "bfloat16", "float32"]
 
 
 @functools.lru_cache(maxsize=4)
-def _encoder(precision: Precision = "auto"):
-    """MiniLM as the embedding passes run it. "auto" (the stage's): a bfloat16 copy where the CPU
+def _encoder(precision: Precision = "auto", compiled: bool = False):
+    """MiniLM as the embedding passes run it; ``compiled``: through :class:`_CompiledMiniLM`
+    (``retrieval.rerank_compile``). "auto" (the stage's): a bfloat16 copy where the CPU
     computes bfloat16 natively (measured on AVX512-BF16: 0.6x float32's CPU a window, window
     vectors at cosine >= 0.997 to float32's), the float32 model elsewhere (kept as loaded: the
     static stage distils from it). "int8" (:func:`_int8_model`) is what ``bench/rerank_cost.py``
@@ -92,12 +95,53 @@ def _encoder(precision: Precision = "auto"):
 
     import torch
 
+    if compiled:
+        model = _encoder(precision)
+        return None if model is None else _CompiledMiniLM(model)
     _, model = _load_minilm()
     if precision == "int8":
         return _int8_model(model)
     if precision == "bfloat16" or (precision == "auto" and _native_bf16()):
         return copy.deepcopy(model).to(torch.bfloat16)
     return model
+
+
+class _CompiledMiniLM:
+    """``model`` run through ``torch.compile`` (inductor, dynamic shapes, weights frozen into the
+    graph), called as the model is; on a failure to compile or run, one warning and ``model``
+    itself from then on.
+
+    The first call compiles (~10-25 s of CPU on 2 cores; inductor's on-disk cache shortens it in
+    later processes), then a pass at the default's shapes (31 rows x 64 pieces) takes 0.67-0.78x
+    the eager bfloat16 pass's time (one thread, interleaved; docs/experiments/2026-12-06-evening.md
+    section 2). Most of the gain is freezing, which lets oneDNN take the weights pre-packed; it is
+    an inductor setting of the whole process, so it is switched on only around these calls (a
+    trainer's own compiled graphs must keep reading their weights, which change).
+    """
+
+    def __init__(self, model) -> None:
+        import torch
+
+        self.model = model
+        self.config = model.config  # _encode reads hidden_size
+        self._compiled = torch.compile(model, dynamic=True)
+        self.failed: str | None = None  # why compiling failed, once it has
+
+    def __call__(self, **batch):
+        if self.failed is None:
+            import torch._inductor.config as inductor_config
+
+            try:
+                with inductor_config.patch(freezing=True):
+                    return self._compiled(**batch)
+            except Exception as exc:  # inductor's failures have no common base class
+                self.failed = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+                warnings.warn(
+                    f"retrieval.rerank_compile: torch.compile of MiniLM failed ({self.failed}); MiniLM runs eagerly",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        return self.model(**batch)
 
 
 def _int8_model(model):
@@ -259,6 +303,22 @@ def fuse(fusion: Fusion, bm25: np.ndarray, dense: np.ndarray, weight: float) -> 
     raise ValueError(f"fusion: expected 'rrf', 'score' or 'dense', got {fusion!r}")
 
 
+def warm_up(window_tokens: int, candidates: int, compiled: bool) -> float:
+    """Run the stage's MiniLM once at each shape of its passes (``candidates`` windows of
+    ``window_tokens`` pieces with a query, one window with a query, a query alone), loading it
+    and, where ``compiled``, compiling it for those shapes; the CPU seconds it took. The
+    benchmarks call it before their clocks start: a process pays this once, at its first search."""
+    import time
+
+    cpu = time.process_time()
+    embeddings = UnitEmbeddings(["warm " * window_tokens] * candidates, window_tokens, 1, compiled=compiled)
+    for units, query in ((np.arange(candidates), "a query"), (np.arange(1), "another query")):
+        embeddings._windows.clear()
+        embeddings.similarities(query, units)
+    embeddings.similarities("a third query", np.arange(1))
+    return time.process_time() - cpu
+
+
 class UnitEmbeddings:
     """Cached window embeddings of the retrieval units of one document, computed on demand.
 
@@ -277,12 +337,16 @@ class UnitEmbeddings:
         max_windows: int = 0,
         model=None,
         threads: int | None = None,
+        compiled: bool = False,
     ) -> None:
         self.unit_texts = unit_texts
         self.threads = threads  # torch threads of the passes (None: the calling thread's)
         self.window_tokens = window_tokens  # see embed_windows
         self.max_windows = max_windows
-        self.model = model  # the MiniLM that embeds (None: _encoder's; bench.rerank_cost measures others)
+        # The MiniLM that embeds: None is _encoder's, compiled or not (retrieval.rerank_compile);
+        # bench.rerank_cost passes others.
+        self.model = model
+        self.compiled = compiled
         # unit -> [windows, dim], float16: half the memory of float32 (a 1M-token document
         # fully embedded holds ~8.6 MiB instead of ~17), and a cosine off by under 1e-3.
         self._windows: dict[int, np.ndarray] = {}
@@ -307,6 +371,7 @@ class UnitEmbeddings:
         fraction of that), and the n rollouts of a document ask the same question, so query
         vectors are cached too."""
         with self._lock:
+            model = self.model if self.model is not None else _encoder(compiled=self.compiled)
             missing = sorted({int(u) for u in units} - self._windows.keys())
             q = self._queries.get(query) if query is not None else None
             asked = query_encoding([query]) if query is not None and q is None else None
@@ -315,14 +380,14 @@ class UnitEmbeddings:
                 # Padding every window out to a long query's width would cost more than the
                 # query's own pass.
                 joins = asked is not None and asked["input_ids"].shape[1] <= encoding["input_ids"].shape[1]
-                vectors = _encode(_stack(encoding, asked) if joins else encoding, self.model, self.threads)
+                vectors = _encode(_stack(encoding, asked) if joins else encoding, model, self.threads)
                 self.passes += 1
                 for i, unit in enumerate(missing):
                     self._windows[unit] = vectors[: len(owner)][owner == i].astype(np.float16)
                 if joins:
                     q, asked = vectors[len(owner)], None
             if asked is not None:
-                q = _encode(asked, self.model, self.threads)[0]
+                q = _encode(asked, model, self.threads)[0]
             if query is not None and query not in self._queries:
                 if len(self._queries) >= QUERY_CACHE:
                     self._queries.pop(next(iter(self._queries)))  # the oldest: dicts keep insertion order

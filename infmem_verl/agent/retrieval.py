@@ -527,7 +527,11 @@ class BM25Index:
                     from infmem_verl.agent.rerank import UnitEmbeddings
 
                     self._embeddings = UnitEmbeddings(
-                        self.unit_texts, self.cfg.rerank_window_tokens, self.cfg.rerank_windows, threads=self.cfg.rerank_threads
+                        self.unit_texts,
+                        self.cfg.rerank_window_tokens,
+                        self.cfg.rerank_windows,
+                        threads=self.cfg.rerank_threads,
+                        compiled=self.cfg.rerank_compile,
                     )
             return self._embeddings
 
