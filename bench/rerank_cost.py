@@ -266,7 +266,7 @@ def defaults_in_order(
     if precision != "auto" or layers:  # the index's own cache, created before its first search would
         index._embeddings = UnitEmbeddings(hay.units, cfg.rerank_window_tokens, cfg.rerank_windows, encoder(precision, layers))
     elif cfg.rerank_compile:
-        warm_up = rerank_warm_up(cfg.rerank_window_tokens, cfg.rerank_candidates, compiled=True)
+        warm_up = rerank_warm_up(cfg.rerank_window_tokens, cfg.rerank_candidates, compiled=True, threads=cfg.rerank_threads)
     with Clock() as clock:
         tops = [np.array([h.unit for h in index.search(q, 4)], dtype=np.int64) for q in hay.queries]
     hits = sum(bool(np.isin(top, g).any()) for top, g in zip(tops, hay.gold))

@@ -422,7 +422,7 @@ def bench_shape(shape: Shape, args, tokenizer, url: str) -> list[tuple[str, floa
     if "infmem" in args.agents and retrieval.rerank_enabled(shape.tokens) and retrieval.rerank_model == "minilm":
         # A process loads (and compiles) MiniLM once, at its first search; the pairs below
         # measure the rollouts after that, as a run of more than a few documents sees them.
-        cpu = rerank_warm_up(retrieval.rerank_window_tokens, retrieval.rerank_candidates, retrieval.rerank_compile)
+        cpu = rerank_warm_up(retrieval.rerank_window_tokens, retrieval.rerank_candidates, retrieval.rerank_compile, retrieval.rerank_threads)
         print(f"MiniLM {'compiled' if retrieval.rerank_compile else 'loaded'} before the {shape.name} runs: {cpu:.0f} CPU-s", flush=True)
     results = []
     for agent_name in args.agents:

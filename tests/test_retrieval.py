@@ -24,6 +24,7 @@ from infmem_verl.agent.rerank import (
     embed,
     embed_windows,
     fuse,
+    query_encoding,
     reciprocal_rank_fusion,
     window_encoding,
 )
@@ -571,6 +572,19 @@ def test_a_minilm_that_fails_to_compile_warns_and_runs_eagerly(units):
             vectors = _encode(encoding, model)
     assert model.failed
     np.testing.assert_array_equal(vectors, _encode(encoding, model.model))
+
+
+def test_minilm_tokenizes_for_several_documents_at_once(units):
+    # Two documents' searches embed from their own threads; MiniLM's one tokenizer failed with
+    # "Already borrowed" when two of them tokenized at once.
+    import concurrent.futures
+
+    def encode(i: int) -> None:
+        for _ in range(30):
+            window_encoding(units[:30], 64, 1) if i % 2 else query_encoding([units[i][:80]])
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        list(pool.map(encode, range(8)))  # re-raises a thread's error
 
 
 def test_minilm_passes_run_on_rerank_threads_and_leave_every_other_threads_count(units):

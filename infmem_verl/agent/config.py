@@ -160,9 +160,11 @@ class RetrievalConfig:
     # (docs/experiments/2026-12-06-rollout-1m.md).
     rerank_threads: int = 1
     # Compile MiniLM with torch.compile (inductor, weights frozen into the graph) on its first
-    # pass in a process: that pass takes ~10-25 s more, every later one 0.67-0.78x the eager
-    # bfloat16 pass at the default's shapes (one thread, interleaved, 2026-12-06 evening; window
-    # cosine to the eager model >= 0.9999). Where compiling fails (no C++ compiler, say) the
+    # pass in a process: that pass takes ~26-36 CPU-s more (7-8 with inductor's on-disk cache from
+    # an earlier process), every later one 0.67-0.78x the eager bfloat16 pass at the default's
+    # shapes (one thread, interleaved; a cold query 0.79-0.86x, bench.rerank_cost, 2026-12-06
+    # evening; similarities within 2.1e-3 of the eager model's). It pays for itself after ~1,000
+    # cold queries, a few 1M-token documents. Where compiling fails (no C++ compiler, say) the
     # stage warns once and runs eagerly.
     rerank_compile: bool = True
     # How the second stage fuses BM25 and embeddings: "rrf", "score" (weighted, min-max scaled) or "dense".

@@ -45,6 +45,10 @@ BATCH_SIZE = 32
 # Query vectors kept per document: a trajectory's queries, and the same question from each of
 # the n rollouts.
 QUERY_CACHE = 256
+# MiniLM's tokenizer is one per process, and a call sets its truncation and padding on the shared
+# Rust object: two threads calling at once failed with "Already borrowed" (two 1M-token documents'
+# searches in bench.rollout). Tokenizing a pass takes ~7 ms, so calls take turns.
+_TOKENIZER_LOCK = threading.Lock()
 # The usual reciprocal-rank-fusion constant: ranks 1 and 2 differ little, so neither ranker's
 # top choice dominates on its own.
 RRF_K = 60
@@ -111,10 +115,11 @@ class _CompiledMiniLM:
     graph), called as the model is; on a failure to compile or run, one warning and ``model``
     itself from then on.
 
-    The first call compiles (~10-25 s of CPU on 2 cores; inductor's on-disk cache shortens it in
-    later processes), then a pass at the default's shapes (31 rows x 64 pieces) takes 0.67-0.78x
-    the eager bfloat16 pass's time (one thread, interleaved; docs/experiments/2026-12-06-evening.md
-    section 2). Most of the gain is freezing, which lets oneDNN take the weights pre-packed; it is
+    The first call compiles (26-36 CPU-s here; 7-8 with inductor's on-disk cache from an earlier
+    process), then a pass at the default's shapes (31 rows x 64 pieces) takes 0.67-0.78x the eager
+    bfloat16 pass's time (one thread, interleaved; docs/experiments/2026-12-06-evening.md section
+    2). The compiled graph is guarded on torch's thread count: passes on another count compile
+    again, so the stage's passes all run on ``retrieval.rerank_threads``. Most of the gain is freezing, which lets oneDNN take the weights pre-packed; it is
     an inductor setting of the whole process, so it is switched on only around these calls (a
     trainer's own compiled graphs must keep reading their weights, which change).
     """
@@ -213,7 +218,8 @@ def _encode(encoding, model=None, threads: int | None = None) -> np.ndarray:
 def query_encoding(texts: Sequence[str]):
     """MiniLM's padded encoding of ``texts`` as queries (each truncated to :data:`QUERY_TOKENS` pieces)."""
     tokenizer, _ = _load_minilm()
-    return tokenizer(list(texts), padding=True, truncation=True, max_length=QUERY_TOKENS, return_tensors="pt")
+    with _TOKENIZER_LOCK:
+        return tokenizer(list(texts), padding=True, truncation=True, max_length=QUERY_TOKENS, return_tensors="pt")
 
 
 def embed(texts: Sequence[str], model=None, threads: int | None = None) -> np.ndarray:
@@ -241,15 +247,16 @@ def window_encoding(texts: Sequence[str], window_tokens: int = WINDOW_TOKENS, ma
     import torch
 
     tokenizer, _ = _load_minilm()
-    encoding = tokenizer(
-        list(texts),
-        padding=True,
-        truncation=True,
-        max_length=window_tokens,
-        stride=min(WINDOW_OVERLAP, window_tokens // 4),
-        return_overflowing_tokens=max_windows != 1,
-        return_tensors="pt",
-    )
+    with _TOKENIZER_LOCK:
+        encoding = tokenizer(
+            list(texts),
+            padding=True,
+            truncation=True,
+            max_length=window_tokens,
+            stride=min(WINDOW_OVERLAP, window_tokens // 4),
+            return_overflowing_tokens=max_windows != 1,
+            return_tensors="pt",
+        )
     owner = encoding.pop("overflow_to_sample_mapping", None)
     owner = np.arange(len(texts), dtype=np.int64) if owner is None else owner.numpy().astype(np.int64)
     if max_windows > 1:
@@ -303,15 +310,17 @@ def fuse(fusion: Fusion, bm25: np.ndarray, dense: np.ndarray, weight: float) -> 
     raise ValueError(f"fusion: expected 'rrf', 'score' or 'dense', got {fusion!r}")
 
 
-def warm_up(window_tokens: int, candidates: int, compiled: bool) -> float:
+def warm_up(window_tokens: int, candidates: int, compiled: bool, threads: int | None) -> float:
     """Run the stage's MiniLM once at each shape of its passes (``candidates`` windows of
-    ``window_tokens`` pieces with a query, one window with a query, a query alone), loading it
-    and, where ``compiled``, compiling it for those shapes; the CPU seconds it took. The
-    benchmarks call it before their clocks start: a process pays this once, at its first search."""
+    ``window_tokens`` pieces with a query, one window with a query, a query alone) on ``threads``
+    torch threads, loading it and, where ``compiled``, compiling it for them; the CPU seconds it
+    took. The benchmarks call it before their clocks start: a process pays this once, at its
+    first search. The thread count must be the searches' (``retrieval.rerank_threads``): a
+    compiled graph is guarded on it, and another count compiles again (16-17 s here)."""
     import time
 
     cpu = time.process_time()
-    embeddings = UnitEmbeddings(["warm " * window_tokens] * candidates, window_tokens, 1, compiled=compiled)
+    embeddings = UnitEmbeddings(["warm " * window_tokens] * candidates, window_tokens, 1, threads=threads, compiled=compiled)
     for units, query in ((np.arange(candidates), "a query"), (np.arange(1), "another query")):
         embeddings._windows.clear()
         embeddings.similarities(query, units)
