@@ -440,7 +440,8 @@ def test_rollouts_of_a_document_share_one_embedding_pass(tokenizer, document, mo
     """n concurrent rollouts of one document: one preparation, and the dense stage embeds once
     for all of them: MiniLM the candidates of their (identical) query, in one batch; the static
     embedder every unit of the document."""
-    retrieval = {"rerank": True, "rerank_model": model, "rerank_candidates": 4}
+    # MiniLM eager: compiling it (test_retrieval.py checks that path) would add ~25 s here.
+    retrieval = {"rerank": True, "rerank_model": model, "rerank_candidates": 4, "rerank_compile": False}
     agent = build_agent("infmem", small_cfg(retrieval=retrieval), tokenizer)
     query = tool_call("retrieve", query="classical music of the twentieth century", top_k=2)
 
