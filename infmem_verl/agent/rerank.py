@@ -119,9 +119,10 @@ class _CompiledMiniLM:
     process), then a pass at the default's shapes (31 rows x 64 pieces) takes 0.67-0.78x the eager
     bfloat16 pass's time (one thread, interleaved; docs/experiments/2026-12-06-evening.md section
     2). The compiled graph is guarded on torch's thread count: passes on another count compile
-    again, so the stage's passes all run on ``retrieval.rerank_threads``. Most of the gain is freezing, which lets oneDNN take the weights pre-packed; it is
-    an inductor setting of the whole process, so it is switched on only around these calls (a
-    trainer's own compiled graphs must keep reading their weights, which change).
+    again, so the stage's passes all run on ``retrieval.rerank_threads``. Most of the gain is
+    freezing, which lets oneDNN take the weights pre-packed; it is an inductor setting of the
+    whole process, so it is switched on only around these calls (a trainer's own compiled graphs
+    must keep reading their weights, which change).
     """
 
     def __init__(self, model) -> None:
@@ -140,7 +141,8 @@ class _CompiledMiniLM:
                 with inductor_config.patch(freezing=True):
                     return self._compiled(**batch)
             except Exception as exc:  # inductor's failures have no common base class
-                self.failed = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+                first_line = (str(exc).strip().splitlines() or [""])[0]
+                self.failed = f"{type(exc).__name__}: {first_line}"
                 warnings.warn(
                     f"retrieval.rerank_compile: torch.compile of MiniLM failed ({self.failed}); MiniLM runs eagerly",
                     RuntimeWarning,
