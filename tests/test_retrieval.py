@@ -559,6 +559,14 @@ def test_the_compiled_minilm_embeds_as_the_eager_one(units):
     assert compiled.passes == 2 and _encoder(compiled=True).failed is None
 
 
+def test_one_minilm_per_precision_however_its_arguments_are_spelled():
+    # The stage asks with keywords, embed() with none, the benchmarks positionally: each copy is
+    # ~45 MiB of bfloat16 weights, and the compiled model must wrap the same one.
+    assert _encoder() is _encoder("auto") is _encoder(compiled=False) is _encoder("auto", False)
+    assert _encoder(compiled=True) is _encoder("auto", True)
+    assert _encoder(compiled=True).model is _encoder()
+
+
 def test_a_minilm_that_fails_to_compile_warns_and_runs_eagerly(units):
     # No C++ compiler for inductor's kernels: the first pass warns and runs the eager model.
     import copy

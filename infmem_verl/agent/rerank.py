@@ -85,7 +85,6 @@ def _native_bf16() -> bool:
 Precision = Literal["auto", "int8", "bfloat16", "float32"]
 
 
-@functools.lru_cache(maxsize=4)
 def _encoder(precision: Precision = "auto", compiled: bool = False):
     """MiniLM as the embedding passes run it; ``compiled``: through :class:`_CompiledMiniLM`
     (``retrieval.rerank_compile``). "auto" (the stage's): a bfloat16 copy where the CPU
@@ -95,12 +94,20 @@ def _encoder(precision: Precision = "auto", compiled: bool = False):
     measured beside it and the stage does not use: 0.74-0.81x bfloat16's CPU a cold query at 1M
     tokens, but recall@4 on FanOutQA's second draw .940 against bfloat16's .953 (the .95 target),
     docs/experiments/2026-12-04-retrieval-cost.md."""
+    # One model per (precision, compiled), however a caller spells them: lru_cache keys on the
+    # spelling, and _encoder(), _encoder("auto") and _encoder(compiled=False) were three bfloat16
+    # copies of MiniLM (and a compiled one a fourth, beside the copy it wrapped).
+    return _cached_encoder(precision, compiled)
+
+
+@functools.lru_cache(maxsize=None)  # at most 4 precisions x compiled or not
+def _cached_encoder(precision: Precision, compiled: bool):
     import copy
 
     import torch
 
     if compiled:
-        model = _encoder(precision)
+        model = _cached_encoder(precision, False)
         return None if model is None else _CompiledMiniLM(model)
     _, model = _load_minilm()
     if precision == "int8":
