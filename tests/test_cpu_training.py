@@ -213,18 +213,23 @@ def test_the_shells_omp_num_threads_caps_the_cpu_runs_threads_unless_set(monkeyp
     assert cpu_settings(config).threads is None
 
 
-def test_the_cpu_backend_runs_ray_workers_at_the_launchers_priority(monkeypatch):
+def test_the_cpu_backend_runs_ray_workers_at_the_launchers_priority_with_transfer_queue_threads_capped(monkeypatch):
     """Ray's default starts workers 15 nice levels below the driver: on a CPU they are the
-    training, and beside any busy process they starve."""
+    training, and beside any busy process they starve. TransferQueue's default of 8 threads on
+    fewer physical cores logs a warning at every put and get."""
     import os
 
+    import psutil
     import ray
 
     monkeypatch.delenv("RAY_worker_niceness", raising=False)
+    monkeypatch.delenv("TQ_NUM_THREADS", raising=False)
     apply_cpu_backend(make_config("+recipe=smoke"))
     ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
     try:
-        assert ray.get(ray.remote(lambda: os.nice(0)).remote()) == os.nice(0)
+        nice, threads = ray.get(ray.remote(lambda: (os.nice(0), os.environ.get("TQ_NUM_THREADS"))).remote())
+        assert nice == os.nice(0)
+        assert threads == str(min(8, psutil.cpu_count(logical=False)))
     finally:
         ray.shutdown()
 
