@@ -207,6 +207,17 @@ def test_records_go_next_to_the_tensorboard_events_unless_configured(monkeypatch
     assert record_settings(config()) == RecordSettings(dir=None, trajectories=False)
 
 
+def test_the_demos_two_agents_keep_their_records_apart(monkeypatch):
+    """A run's records start fresh (``RunRecord.start_fresh``): the MemAgent baseline of the demo
+    must not write where the InfMem run's records are."""
+    from conftest import demo_config
+
+    monkeypatch.delenv("TENSORBOARD_DIR", raising=False)
+    infmem, memagent = (records_dir(demo_config(*agent)) for agent in ((), ("agent=memagent",)))
+    assert infmem == Path("tensorboard_log/infmem_verl/demo_infmem_agent")
+    assert memagent == Path("tensorboard_log/infmem_verl/demo_memagent_agent")
+
+
 @pytest.mark.parametrize(
     "records, message",
     [
