@@ -189,9 +189,8 @@ def warm_model(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def checked_model(tmp_path_factory):
-    """The longer warm-up's student (tests/test_warmup.py holds it to its measured bar; the InfMem
-    learning run of tests/test_cpu_training_runs.py starts GRPO from it), built at one torch
-    thread as the bar was measured: the thread count changes the build."""
+    """The longer warm-up's student (tests/test_warmup.py holds it to its measured bar), built at
+    one torch thread as the bar was measured: the thread count changes the build."""
     import torch
 
     from infmem_verl.cpu.warmup import warm_qwen3_dir
