@@ -31,11 +31,9 @@ SHARED_SESSION_GROUPS = {
     "warm_model": ("test_cpu_training_runs", "test_warmup"),
 }
 GROUP_OF_MODULE = {module: group for group, modules in SHARED_SESSION_GROUPS.items() for module in modules}
-# The session fixtures each group shares (a group is named after its first).
-GROUP_OF_FIXTURE = {"vllm_server": "vllm_server", "warm_model": "warm_model", "checked_model": "warm_model"}
 # Groups handed out first, the longest first (as `make test`'s --durations shows them): a long group
 # started last would leave the other worker idle at the end.
-LONGEST_GROUPS = ("warm_model", "test_verl_cpu_rl", "test_metrics_tb", "test_training_faults", "vllm_server", "test_verl_pipeline", "test_export", "test_preflight",
+LONGEST_GROUPS = ("test_verl_cpu_rl", "test_metrics_tb", "warm_model", "test_training_faults", "vllm_server", "test_verl_pipeline", "test_export", "test_preflight",
                   "test_verl_vllm_server", "test_verl_cpu_sft")  # the last two: 71 s / 44 s on idle cores, ~4 min at load 15
 
 
@@ -48,11 +46,11 @@ def pytest_collection_modifyitems(config, items):
     """Refuse a test whose module is outside its shared fixture's group (the fixture would start
     again on the other worker); put the longest groups first, each module's tests in file order."""
     for item in items:
-        for fixture, group in GROUP_OF_FIXTURE.items():
-            if fixture in item.fixturenames and _group(item.path) != group:
+        for fixture in SHARED_SESSION_GROUPS:
+            if fixture in item.fixturenames and _group(item.path) != fixture:
                 raise pytest.UsageError(
                     f"{item.nodeid} uses the session fixture {fixture}: add {item.path.stem!r} to "
-                    f"SHARED_SESSION_GROUPS[{group!r}] in tests/conftest.py so that it starts once per suite"
+                    f"SHARED_SESSION_GROUPS[{fixture!r}] in tests/conftest.py so that it starts once per suite"
                 )
     rank = {group: i for i, group in enumerate(LONGEST_GROUPS)}
     items.sort(key=lambda item: rank.get(_group(item.path), len(rank)))
@@ -115,7 +113,7 @@ def pytest_runtest_teardown(item, nextitem):
 # The demo recipe before its curriculum (the distilled warm-up the tests below were measured with):
 # Qwen3's vocabulary, syllable names, 1,024-token documents in chunks of 256, GRPO on 2 prompts x 2.
 DISTILLED_DEMO = [
-    # The suite's distilled students were measured (tests/test_warmup.py, the learning runs) with the
+    # The suite's distilled students were measured (tests/test_warmup.py, the learning run) with the
     # thinking budget enforced by a second call; the demo's curriculum student never spends it, so
     # the demo makes one call per turn (conf/recipe/demo.yaml).
     "infmem.agent.thinking_mode=two_stage",
@@ -151,22 +149,6 @@ WARMUP_SMALL = [
     "infmem.warmup.min_valid=0",
 ]
 
-# The longer warm-up of tests/test_warmup.py, where its bar is measured: a distilled student over
-# the demo's 4,096-token vocabulary (64 trajectories, 300 SFT steps), checked greedily.
-WARMUP_CHECKED = [
-    *DISTILLED_DEMO,
-    "infmem.warmup.vocab_size=4096",
-    "infmem.warmup.seed=103",
-    "infmem.warmup.hidden_size=128",
-    "infmem.warmup.lr=1.0e-2",
-    "infmem.warmup.distill_samples=64",
-    "infmem.warmup.sft_steps=300",
-    "infmem.warmup.batch_size=4",
-    "infmem.warmup.heldout_samples=16",
-    "infmem.warmup.check_temperature=0",
-    "infmem.warmup.min_valid=0.5",  # the warm-up itself refuses a student under it
-]
-
 
 def demo_config(*overrides: str):
     from hydra import compose, initialize_config_dir
@@ -185,25 +167,6 @@ def warm_model(tmp_path_factory):
 
     cache = tmp_path_factory.mktemp("warm_cache")
     return warm_qwen3_dir(demo_config(*WARMUP_SMALL), "demo", WARMUP_SMALL, cache_dir=cache)
-
-
-@pytest.fixture(scope="session")
-def checked_model(tmp_path_factory):
-    """The longer warm-up's student (tests/test_warmup.py holds it to its measured bar), built at
-    one torch thread as the bar was measured: the thread count changes the build."""
-    import torch
-
-    from infmem_verl.cpu.warmup import warm_qwen3_dir
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the held-out check runs in this process
-    try:
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setenv("OMP_NUM_THREADS", "1")  # the SFT subprocess's threads
-            cache = tmp_path_factory.mktemp("checked_cache")
-            return warm_qwen3_dir(demo_config(*WARMUP_CHECKED), "demo", WARMUP_CHECKED, cache_dir=cache)
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.fixture

@@ -2,12 +2,12 @@
 on the CPU backend (verl's own trainer loop), with a reward the model can move.
 
 One subprocess run (a Ray cluster start costs a CPU run most of its time, so it checks everything
-at once), the last link of the demo chain (distil -> SFT -> GRPO): ``+recipe=demo`` with
+at once). It is the last link of the demo chain (distil -> SFT -> GRPO): ``+recipe=demo`` with
 ``actor_rollout_ref.model.path`` = the small warm-up's SFT output (``warm_model``, conftest.py),
 as MemAgent on short documents with a pluggable reward component the model can move on one of the
 two questions (at a low sampling temperature, weight decay 0, advantages normalised by their
-group's spread), eight steps with three cost levers on: rollout log-probs as old log-probs (b),
-rows of zero advantage dropped (c), no reference pass at KL 0 (d):
+group's spread), eight steps with three cost levers on: rollout log-probs as
+old log-probs (b), rows of zero advantage dropped (c), no reference pass at KL 0 (d).
 
 * the reward rises, every update changes the weights, and the generation actor serves exactly
   the last update's weights, never anything else;
@@ -105,22 +105,6 @@ def _check_console(console: str, record_dir: Path) -> None:
     assert (record_dir / "run_summary.png").is_file()
 
 
-def _launch(workdir: Path, name: str, overrides: list[str]) -> list[dict]:
-    """Run ``python -m infmem_verl.main`` with ``overrides`` (experiment ``name``) in ``workdir``:
-    its per-step metrics, once it succeeded and its console passed :func:`_check_console`."""
-    metrics = workdir / f"{name}_metrics.jsonl"
-    run = subprocess.run(
-        [sys.executable, "-m", "infmem_verl.main", *overrides, f"trainer.experiment_name={name}"],
-        cwd=workdir, env=_env(metrics), capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
-    )  # fmt: skip
-    console = run.stdout + run.stderr
-    assert run.returncode == 0, console[-4000:]
-    records = _metrics(metrics)
-    assert len(records) == STEPS
-    _check_console(console, workdir / "tensorboard_log" / "infmem_verl" / name)
-    return records
-
-
 def _zero_advantage(trajectories: list[dict]) -> list[bool]:
     """Per trajectory: its reward equals its GRPO group's mean (so its advantage is exactly 0)."""
     groups: dict[str, list[float]] = defaultdict(list)
@@ -167,8 +151,17 @@ def test_grpo_from_the_sft_checkpoint_raises_a_moveable_reward_with_levers_b_c_d
         f"trainer.total_training_steps={STEPS}",
         f"trainer.test_freq={STEPS}",  # one validation, after the last step
     ]
-    records = _launch(workdir, "demo", overrides)
-    record_dir = workdir / "tensorboard_log" / "infmem_verl" / "demo"
+    metrics = workdir / "learn_metrics.jsonl"
+    run = subprocess.run(
+        [sys.executable, "-m", "infmem_verl.main", *overrides],
+        cwd=workdir, env=_env(metrics), capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+    )  # fmt: skip
+    console = run.stdout + run.stderr
+    assert run.returncode == 0, console[-4000:]
+    records = _metrics(metrics)
+    assert len(records) == STEPS
+    record_dir = workdir / "tensorboard_log" / "infmem_verl" / "demo_memagent_agent"  # the demo names it per agent
+    _check_console(console, record_dir)
 
     rewards = [r["infmem/ascii"] for r in records]  # half the odd question's mean (the even one's is 0)
     assert all(r["infmem/reward"] == pytest.approx(a) for r, a in zip(records, rewards, strict=True))

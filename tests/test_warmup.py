@@ -12,7 +12,8 @@ threshold it reaches.
 
 from __future__ import annotations
 
-from conftest import WARMUP_SMALL, demo_config
+import torch
+from conftest import DISTILLED_DEMO, WARMUP_SMALL, demo_config
 from infmem_verl.cpu.warmup import warm_qwen3_dir
 from infmem_verl.warmup_report import warmup_report
 
@@ -64,11 +65,31 @@ def test_the_check_samples_at_the_warm_ups_own_settings_whatever_the_launch_samp
 # too far for a bar that catches a regression; their mean per build (84 / 87 / 94 / 84 / 79 / 90 /
 # 85 / 96%: mean 87.3, sd 5.7) holds a bar at mean - 2 sd, 75%. An early stop is not asserted (seed
 # 105 read all 4 chunks of every held-out document). 124 s alone, 92 s in a whole suite, 237-243 s
-# beside a GRPO run (2026-12-06). The student is conftest.py's ``checked_model`` (WARMUP_CHECKED).
+# beside a GRPO run (2026-12-06).
+WARMUP_CHECKED = [
+    *DISTILLED_DEMO,
+    "infmem.warmup.vocab_size=4096",
+    "infmem.warmup.seed=103",
+    "infmem.warmup.hidden_size=128",
+    "infmem.warmup.lr=1.0e-2",
+    "infmem.warmup.distill_samples=64",
+    "infmem.warmup.sft_steps=300",
+    "infmem.warmup.batch_size=4",
+    "infmem.warmup.heldout_samples=16",
+    "infmem.warmup.check_temperature=0",
+    "infmem.warmup.min_valid=0.5",  # the warm-up itself refuses a student under it
+]
 
 
-def test_a_longer_warm_up_follows_the_protocol_on_held_out_documents(checked_model):
-    report = warmup_report(checked_model)
+def test_a_longer_warm_up_follows_the_protocol_on_held_out_documents(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the SFT subprocess's threads, as in the suite
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the held-out check runs here
+    try:
+        model = warm_qwen3_dir(demo_config(*WARMUP_CHECKED), "demo", WARMUP_CHECKED, cache_dir=tmp_path)
+    finally:
+        torch.set_num_threads(threads)
+    report = warmup_report(model)
     losses = report.sft_losses
     assert len(losses) == 300 and sum(losses[-20:]) / 20 < 0.25 * sum(losses[:20]) / 20
     heldout = report.heldout
