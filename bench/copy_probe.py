@@ -64,7 +64,7 @@ import torch
 from infmem_verl.agent.protocol import PromptBuilder, parse_answer
 from infmem_verl.data.synthetic import Chain, chain
 from infmem_verl.reward.metrics import sub_em
-from infmem_verl.sft.curriculum import answer_call, asked
+from infmem_verl.sft.curriculum import answer_call, asked, exact_share, padded_pairs, response_logits
 
 # Held-out chains are drawn from this seed; training chains from --seed (0 is the tokenizer's
 # own training text, so the default training seed is 1).
@@ -218,24 +218,6 @@ def build_model(tokenizer, cfg: ProbeConfig) -> torch.nn.Module:
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
 
-def _batch(pairs: Sequence[tuple[np.ndarray, np.ndarray]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ids and the mask of positions whose next token is a response token."""
-    width = max(len(p) + len(r) for p, r in pairs)
-    ids = torch.full((len(pairs), width), pad_id, dtype=torch.long)
-    trained = torch.zeros((len(pairs), width), dtype=torch.bool)
-    for row, (prompt, response) in enumerate(pairs):
-        ids[row, : len(prompt) + len(response)] = torch.from_numpy(np.concatenate([prompt, response]).astype(np.int64))
-        trained[row, len(prompt) - 1 : len(prompt) + len(response) - 1] = True
-    return ids, trained
-
-
-def response_logits(model, ids: torch.Tensor, trained: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits at the trained positions only (causal attention: right padding is never seen)."""
-    hidden = model.get_decoder()(input_ids=ids).last_hidden_state
-    rows, cols = trained.nonzero(as_tuple=True)
-    return model.get_output_embeddings()(hidden[rows, cols]).float(), ids[rows, cols + 1]
-
-
 def greedy_answers(model, samples: AnswerSamples, items: Sequence[Chain], max_tokens: int = 48) -> list[str | None]:
     """Parsed greedy answers of the answer call (left-padded batch generation)."""
     tok = samples.builder.tokenizer
@@ -262,29 +244,13 @@ def greedy_answers(model, samples: AnswerSamples, items: Sequence[Chain], max_to
     return answers
 
 
-def exact_share(model, pairs: Sequence[tuple[np.ndarray, np.ndarray]], pad_id: int) -> list[bool]:
-    """For each (prompt, response): is every response token the argmax after the oracle's prefix
-    (so greedy decoding reproduces the oracle's response exactly)?"""
-    ids, trained = _batch(pairs, pad_id)
-    model.eval()
-    with torch.no_grad():
-        logits, targets = response_logits(model, ids, trained)
-    model.train()
-    hit = (logits.argmax(-1) == targets).tolist()
-    out, start = [], 0
-    for _, response in pairs:
-        out.append(all(hit[start : start + len(response)]))
-        start += len(response)
-    return out
-
-
 class InductionTask:
     """The copy pre-task's sequences: ``length`` tokens in which a span of ``min_span`` to
     ``max_span`` tokens appears twice, the second occurrence overwriting the tokens at its place.
 
     Only the repeat is scored, and only from its second token on (its first token cannot be
     known before it is seen): :meth:`sample` returns the ids and the mask of positions whose
-    next token is scored, in the convention of :func:`_batch`. ``source`` "text" draws windows
+    next token is scored, in the convention of :func:`~infmem_verl.sft.curriculum.padded_pairs`. ``source`` "text" draws windows
     of consecutive Wikipedia paragraphs' ids (the pool :mod:`infmem_verl.sft.fresh` splices facts
     into; its last tenth is kept for held-out windows), "random" uniform ids of the learned
     vocabulary (no special tokens).
@@ -460,7 +426,7 @@ def run_probe(cfg: ProbeConfig, say=print) -> ProbeResult:
         pairs = [train_pair(i) for i in indices]
         if cfg.call == "fresh":
             pairs += list(itertools.islice(answers, cfg.extra_answers))
-        losses.append(train_step(model, optimizer, scheduler, *_batch(pairs, pad_id), cfg.clip_grad))
+        losses.append(train_step(model, optimizer, scheduler, *padded_pairs(pairs, pad_id), cfg.clip_grad))
         if step % cfg.eval_every == 0 or step == cfg.steps:
             exact = exact_share(model, heldout, pad_id)
             if cfg.call == "answer":

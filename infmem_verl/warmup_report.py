@@ -53,6 +53,9 @@ class WarmupReport:
     heldout: HeldOut | None = None  # of the agent whose run built the model
     agents: dict[str, HeldOut] = field(default_factory=dict)  # of every agent it was built and checked for
     seconds: dict[str, float] = field(default_factory=dict)  # per stage
+    # Per answer-stage segment: the held-out answer calls it answers exactly, per kind of question
+    # (infmem_verl.sft.curriculum.copied_kinds).
+    copied: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

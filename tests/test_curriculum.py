@@ -85,3 +85,33 @@ def test_a_stage_is_one_pass_of_new_calls_in_an_sft_parquet(tmp_path, tokenizer,
     answers = [tokenizer.decode(r["input_ids"][r["loss_mask"].index(1) :]) for r in rows[:3]]
     items = [chain(i, 10, "roles") for i in range(3)]
     assert [items[0].answer, items[1].bridge, items[2].entity] == [a.split("\\boxed{ ")[1].split("}")[0] for a in answers]
+
+
+def test_exact_share_is_true_where_the_response_is_the_models_own_greedy_continuation(tokenizer, demo_cfg):
+    import torch
+
+    from infmem_verl.assets import tiny_qwen3_dir
+    from infmem_verl.cpu.engine import load_model
+    from infmem_verl.sft.curriculum import exact_share
+
+    model = load_model(str(tiny_qwen3_dir(hidden_size=64, tokenizer_dir=small_vocab_dir())))
+    builder = PromptBuilder(tokenizer, demo_cfg)
+    pairs = []
+    for i in range(3):  # prompts of different lengths: right padding must not shift a row's positions
+        call = answer_call(builder, asked(chain(i, 9, "roles"), i))
+        with torch.no_grad():
+            out = model.generate(input_ids=torch.tensor([call.prompt.tolist()]), max_new_tokens=5, do_sample=False)
+        own = out[0, len(call.prompt) :].numpy()
+        pairs += [(call.prompt, own), (call.prompt, call.response)]
+    assert exact_share(model, pairs, tokenizer.pad_token_id) == [True, False] * 3  # a random student copies no name
+
+
+def test_copied_kinds_asks_every_kind_of_question_of_held_out_chains(tokenizer, demo_cfg):
+    from infmem_verl.assets import tiny_qwen3_dir
+    from infmem_verl.cpu.engine import load_model
+    from infmem_verl.sft.curriculum import ASKED_KINDS, copied_kinds
+
+    model = load_model(str(tiny_qwen3_dir(hidden_size=64, tokenizer_dir=small_vocab_dir())))
+    kinds = copied_kinds(model, tokenizer, demo_cfg, "roles", seed=9, per_kind=4)
+    assert list(kinds) == list(ASKED_KINDS) == ["two-hop", "bridge", "entity"]
+    assert kinds == {"two-hop": 0.0, "bridge": 0.0, "entity": 0.0}

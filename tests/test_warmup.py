@@ -113,6 +113,7 @@ CURRICULUM_SMALL = [
     "infmem.warmup.answers_per_batch=2",
     "infmem.warmup.heldout_samples=2",
     "infmem.warmup.min_valid=0",
+    "infmem.warmup.answer_copy_min=0",  # a 4-step answer stage copies nothing (the gate's own test below)
 ]
 
 
@@ -129,6 +130,8 @@ def test_warm_up_settings_without_training_or_with_a_negative_share_are_refused(
         warmup_settings(demo_config("infmem.warmup.lm_steps=5"))
     with pytest.raises(ConfigError, match=r"infmem\.warmup\.answers_per_batch: expected an integer >= 0, got -1"):
         warmup_settings(demo_config("infmem.warmup.answers_per_batch=-1"))
+    with pytest.raises(ConfigError, match=r"infmem\.warmup\.answer_copy_min: expected a number in \[0, 1\], got 1\.5"):
+        warmup_settings(demo_config("infmem.warmup.answer_copy_min=1.5"))
     with pytest.raises(ConfigError, match=r"infmem\.warmup\.segment_steps: expected an integer >= 1, got 0"):
         warmup_settings(demo_config("infmem.warmup.segment_steps=0"))
     with pytest.raises(ConfigError, match=r"infmem\.bootstrap\.names: expected 'syllables', 'list' or 'roles', got 'greek'"):
@@ -169,3 +172,17 @@ def test_the_curriculum_trains_its_stages_in_segments_for_both_agents_and_resume
     # The distillation's documents have syllable names: with role names the warm-up refuses it.
     with pytest.raises(ConfigError, match=rf"{WARMUP_KEY}\.sft_steps: the distillation's documents have syllable names"):
         warm_qwen3_dir(demo_config(*CURRICULUM_SMALL, "infmem.warmup.sft_steps=5"), "demo", [], cache_dir=tmp_path)
+
+
+def test_a_student_that_copies_no_kind_of_name_stops_the_build_after_its_answer_stage(tmp_path):
+    """The answer stage's gate (infmem.warmup.answer_copy_min): the miniature's answer stage
+    copies no name, so the build stops after it with the figures, before the MemAgent stage."""
+    import pytest
+
+    from infmem_verl.cpu.warmup import WarmupError
+
+    gated = [*CURRICULUM_SMALL, "infmem.warmup.answer_copy_min=0.5"]
+    with pytest.raises(WarmupError, match=r"after 4 answer steps .* two-hop 0%, bridge 0%, entity 0%.*infmem\.warmup\.model_seed"):
+        warm_qwen3_dir(demo_config(*gated), "demo", gated, cache_dir=tmp_path)
+    work = next(tmp_path.glob("warm-qwen3-*")) / "work"
+    assert (work / "answer2").is_dir() and not (work / "memagent1.parquet").exists()

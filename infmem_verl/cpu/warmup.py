@@ -95,6 +95,14 @@ class WarmupSettings:
     # own warm-up and cosine: the staged schedule taught all three kinds of name where one
     # 3,000-step cosine stopped at two (docs/experiments/2026-12-06-copying-names.md).
     segment_steps: int = 800
+    # The answer stage's gate (0: none): after each of its segments the student answers held-out
+    # answer calls of each kind of question (two-hop, bridge, entity); the stage ends once every
+    # kind is answered exactly this often (answer_steps is then the most it runs), and a build
+    # that does not get there stops with WarmupError before the longer stages. The copy forms one
+    # kind at a time, at a step that varies between machines: the build that formed all three on
+    # one CPU formed one on another (docs/experiments/2026-12-06-copy-onset.md).
+    answer_copy_min: float = 0.0
+    model_seed: int = 0  # the student's random initialisation
     distill_samples: int = 128  # oracle trajectories (each gives about five SFT samples)
     doc_tokens: int = 1024  # synthetic document length, distilled and held out
     # Steps on every token of the distilled sequences before the SFT proper (0: none): the
@@ -126,6 +134,8 @@ class WarmupSettings:
             raise ConfigError(f"{path}.doc_tokens: expected an integer >= 512, got {self.doc_tokens!r}")
         if not self.lr > 0:
             raise ConfigError(f"{path}.lr: expected a number > 0, got {self.lr!r}")
+        if not 0 <= self.answer_copy_min <= 1:
+            raise ConfigError(f"{path}.answer_copy_min: expected a number in [0, 1], got {self.answer_copy_min!r}")
         if not 0 <= self.min_valid <= 1:
             raise ConfigError(f"{path}.min_valid: expected a number in [0, 1], got {self.min_valid!r}")
         if not self.check_temperature >= 0:
@@ -179,10 +189,12 @@ def warm_qwen3_dir(
     report = WarmupReport(dataclasses.asdict(settings), key)
     say(f"warm-up: building the warmed tiny Qwen3 once (cached in {root}; logs in {work})")
 
-    checkpoint = tiny_qwen3_dir(hidden_size=settings.hidden_size, tokenizer_dir=student_tokenizer_dir(settings), layers=settings.layers)
+    checkpoint = tiny_qwen3_dir(
+        hidden_size=settings.hidden_size, tokenizer_dir=student_tokenizer_dir(settings), layers=settings.layers, seed=settings.model_seed
+    )
     if settings.curriculum_steps:
         started = time.perf_counter()
-        checkpoint = _curriculum(settings, agent_cfg, names, checkpoint, work, report)
+        checkpoint = _curriculum(settings, agent_cfg, names, checkpoint, work, report, say)
         report.seconds["curriculum"] = time.perf_counter() - started
     if settings.sft_steps:
         started = time.perf_counter()
@@ -269,7 +281,9 @@ def _distill(settings: WarmupSettings, recipe: str, overrides: Sequence[str], wo
     _run("distil", command, work / "distill.log", settings.distill_samples, progress)
 
 
-def _curriculum(settings: WarmupSettings, agent_cfg: AgentConfig, names: str, student: Path, work: Path, report: WarmupReport) -> Path:
+def _curriculum(
+    settings: WarmupSettings, agent_cfg: AgentConfig, names: str, student: Path, work: Path, report: WarmupReport, say: Callable[[str], None]
+) -> Path:
     """``student`` after each stage of the curriculum with steps, in turn, each stage's losses
     appended to the report's."""
     from infmem_verl.assets import load_tokenizer
@@ -289,7 +303,34 @@ def _curriculum(settings: WarmupSettings, agent_cfg: AgentConfig, names: str, st
             student, losses = _finished(work / name, steps) or _train(name, student, data, work / name, steps, settings, batch)
             report.sft_losses += losses
             report.stages[name] = len(losses)
+            if stage == "answer" and settings.answer_copy_min and _copies(student, tokenizer, agent_cfg, names, settings, report, name, say):
+                break  # every kind of name copies: the answer stage's work is done
+        if stage == "answer" and settings.answer_copy_min and min(report.copied[name].values()) < settings.answer_copy_min:
+            raise WarmupError(
+                f"{WARMUP_KEY}: after {sum(report.stages.values())} answer steps the student answers held-out answer calls "
+                f"exactly for {_kinds_line(report.copied[name])}, under answer_copy_min={settings.answer_copy_min:.0%} "
+                "for some kind, so it would copy no answer into memory; which kinds form varies between builds and "
+                f"machines (docs/experiments/2026-12-06-copy-onset.md): set {WARMUP_KEY}.model_seed to another value to "
+                f"build from another initialisation (the segments done are kept in {work})"
+            )
     return student
+
+
+def _copies(student: Path, tokenizer, agent_cfg: AgentConfig, names: str, settings: WarmupSettings, report: WarmupReport,
+            name: str, say: Callable[[str], None]) -> bool:  # fmt: skip
+    """Record (and say) what the student after segment ``name`` copies; True when every kind of
+    question reaches ``answer_copy_min``."""
+    from infmem_verl.cpu.engine import load_model
+    from infmem_verl.sft.curriculum import copied_kinds
+
+    kinds = copied_kinds(load_model(str(student)), tokenizer, agent_cfg, names, settings.seed + HELDOUT_SEED_OFFSET)
+    report.copied[name] = kinds
+    say(f"warm-up: {name}: held-out answer calls answered exactly: {_kinds_line(kinds)}")
+    return min(kinds.values()) >= settings.answer_copy_min
+
+
+def _kinds_line(kinds: dict[str, float]) -> str:
+    return ", ".join(f"{kind} {share:.0%}" for kind, share in kinds.items())
 
 
 def _finished(out: Path, steps: int) -> tuple[Path, list[float]] | None:

@@ -27,9 +27,10 @@ import dataclasses
 import itertools
 import os
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Iterator, Literal, Sequence
 
 import numpy as np
+import torch
 
 from infmem_verl.agent.config import AgentConfig
 from infmem_verl.agent.protocol import PromptBuilder
@@ -68,6 +69,60 @@ def answer_call(builder: PromptBuilder, item: Chain, memory: np.ndarray | None =
     prompt = builder.answer(builder.encode(item.question), memory).ids
     end = builder.tokenizer.convert_tokens_to_ids("<|im_end|>")
     return Call("answer", prompt, np.append(builder.encode(oracle_answer(item.answer)), end).astype(np.int32))
+
+
+# What chain ``i`` asks as ``i % 3`` (:func:`asked` with ``"all"``): the name its answer is.
+ASKED_KINDS = ("two-hop", "bridge", "entity")
+
+
+def copied_kinds(model: torch.nn.Module, tokenizer, agent_cfg: AgentConfig, names: NameStyle, seed: int, per_kind: int = 32) -> dict[str, float]:
+    """Per kind of question (:data:`ASKED_KINDS`), the share of haystack-free answer calls of
+    chains of ``seed`` that ``model`` answers exactly as the oracle does (:func:`exact_share`).
+
+    With role names the copy forms one kind at a time, at a step that varies between builds and
+    machines (docs/experiments/2026-12-06-copy-onset.md): the answer stage's gate.
+    """
+    builder = PromptBuilder(tokenizer, agent_cfg)
+    calls = [answer_call(builder, asked(chain(i, seed, names), i)) for i in range(3 * per_kind)]
+    exact = exact_share(model, [(c.prompt, c.response) for c in calls], tokenizer.pad_token_id)
+    return {kind: float(np.mean(exact[k::3])) for k, kind in enumerate(ASKED_KINDS)}
+
+
+def padded_pairs(pairs: Sequence[tuple[np.ndarray, np.ndarray]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids of (prompt, response) pairs and the mask of positions whose next token
+    is a response token."""
+    width = max(len(p) + len(r) for p, r in pairs)
+    ids = torch.full((len(pairs), width), pad_id, dtype=torch.long)
+    trained = torch.zeros((len(pairs), width), dtype=torch.bool)
+    for row, (prompt, response) in enumerate(pairs):
+        ids[row, : len(prompt) + len(response)] = torch.from_numpy(np.concatenate([prompt, response]).astype(np.int64))
+        trained[row, len(prompt) - 1 : len(prompt) + len(response) - 1] = True
+    return ids, trained
+
+
+def response_logits(model: torch.nn.Module, ids: torch.Tensor, trained: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits at the ``trained`` positions only, with their targets (causal attention: right
+    padding is never seen)."""
+    hidden = model.get_decoder()(input_ids=ids).last_hidden_state
+    rows, cols = trained.nonzero(as_tuple=True)
+    return model.get_output_embeddings()(hidden[rows, cols]).float(), ids[rows, cols + 1]
+
+
+def exact_share(model: torch.nn.Module, pairs: Sequence[tuple[np.ndarray, np.ndarray]], pad_id: int) -> list[bool]:
+    """For each (prompt, response): is every response token the argmax after the oracle's prefix
+    (so greedy decoding reproduces the oracle's response exactly)?"""
+    ids, trained = padded_pairs(pairs, pad_id)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        logits, targets = response_logits(model, ids, trained)
+    model.train(was_training)
+    hit = (logits.argmax(-1) == targets).tolist()
+    out, start = [], 0
+    for _, response in pairs:
+        out.append(all(hit[start : start + len(response)]))
+        start += len(response)
+    return out
 
 
 def answer_calls(builder: PromptBuilder, names: NameStyle, seed: int) -> Iterator[Call]:
