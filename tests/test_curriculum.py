@@ -64,6 +64,14 @@ def test_a_stage_batch_shares_its_calls_between_its_sources_and_the_answer_calls
     ]
     memagent = list(itertools.islice(stage_calls("memagent", tokenizer, demo_cfg, "roles", 4, 4, 1), 8))
     assert [c.kind for c in memagent] == ["write", "write", "write", "answer"] * 2
+    # The answer calls may draw their chains with other names than the documents' (the demo's
+    # answer_names=list): the Writes stay the same, the answer calls are list-named chains.
+    mixed = list(itertools.islice(stage_calls("memagent", tokenizer, demo_cfg, "roles", 4, 4, 1, answer_names="list"), 8))
+    assert [c.prompt.tolist() for c in mixed if c.kind == "write"] == [c.prompt.tolist() for c in memagent if c.kind == "write"]
+    assert [c.prompt.tolist() for c in mixed if c.kind == "answer"] == [
+        answer_call(builder, asked(chain(i, 5, "list"), i)).prompt.tolist() for i in range(2)
+    ]
+    assert chain(0, 5, "list") != chain(0, 5, "roles")
     answers_only = list(itertools.islice(stage_calls("answer", tokenizer, demo_cfg, "roles", 4, 4, 0), 6))
     assert {c.kind for c in answers_only} == {"answer"}
     with pytest.raises(ValueError, match="stage: expected one of"):

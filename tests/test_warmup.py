@@ -132,6 +132,8 @@ def test_warm_up_settings_without_training_or_with_a_negative_share_are_refused(
         warmup_settings(demo_config("infmem.warmup.answers_per_batch=-1"))
     with pytest.raises(ConfigError, match=r"infmem\.warmup\.answer_copy_min: expected a number in \[0, 1\], got 1\.5"):
         warmup_settings(demo_config("infmem.warmup.answer_copy_min=1.5"))
+    with pytest.raises(ConfigError, match=r"infmem\.warmup\.answer_names: expected '' \(the documents' names\), 'syllables', 'list' or 'roles', got 'greek'"):
+        warmup_settings(demo_config("infmem.warmup.answer_names=greek"))
     with pytest.raises(ConfigError, match=r"infmem\.warmup\.segment_steps: expected an integer >= 1, got 0"):
         warmup_settings(demo_config("infmem.warmup.segment_steps=0"))
     with pytest.raises(ConfigError, match=r"infmem\.bootstrap\.names: expected 'syllables', 'list' or 'roles', got 'greek'"):

@@ -102,6 +102,12 @@ class WarmupSettings:
     # kind at a time, at a step that varies between machines: the build that formed all three on
     # one CPU formed one on another (docs/experiments/2026-12-06-copy-onset.md).
     answer_copy_min: float = 0.0
+    # The names of the answer calls' chains, in every stage ("": the documents' own,
+    # infmem.bootstrap.names). With role names each kind of question is its own copy, learnt one
+    # at a time or not at all; names drawn from one list for every role make the student learn one
+    # copy for all three (the EPYC: all three kinds at 84-94% after two segments, where role names
+    # gave one kind in three builds), and it serves the role-named documents.
+    answer_names: str = ""
     model_seed: int = 0  # the student's random initialisation
     distill_samples: int = 128  # oracle trajectories (each gives about five SFT samples)
     doc_tokens: int = 1024  # synthetic document length, distilled and held out
@@ -136,6 +142,8 @@ class WarmupSettings:
             raise ConfigError(f"{path}.lr: expected a number > 0, got {self.lr!r}")
         if not 0 <= self.answer_copy_min <= 1:
             raise ConfigError(f"{path}.answer_copy_min: expected a number in [0, 1], got {self.answer_copy_min!r}")
+        if self.answer_names not in ("", "syllables", "list", "roles"):
+            raise ConfigError(f"{path}.answer_names: expected '' (the documents' names), 'syllables', 'list' or 'roles', got {self.answer_names!r}")
         if not 0 <= self.min_valid <= 1:
             raise ConfigError(f"{path}.min_valid: expected a number in [0, 1], got {self.min_valid!r}")
         if not self.check_temperature >= 0:
@@ -299,7 +307,7 @@ def _curriculum(
             name = f"{stage}{segment + 1}"
             data = work / f"{name}.parquet"
             if not data.is_file():  # calls of a new seed per segment (each seed uses two: trajectories, answer calls)
-                write_stage(data, stage, steps, batch, tokenizer, agent_cfg, names, settings.seed + 2 * segment, answers)
+                write_stage(data, stage, steps, batch, tokenizer, agent_cfg, names, settings.seed + 2 * segment, answers, settings.answer_names or names)
             student, losses = _finished(work / name, steps) or _train(name, student, data, work / name, steps, settings, batch)
             report.sft_losses += losses
             report.stages[name] = len(losses)

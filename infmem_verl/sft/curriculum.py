@@ -6,7 +6,9 @@ fact (issue 30). What made it copy (docs/experiments/2026-12-06-copying-names.md
 1. ``answer``: the answer call alone, over a haystack-free memory of a chain's two facts, each
    chain asking its two-hop question, its bridge or its entity in turn (:func:`asked`). With
    role names (:data:`~infmem_verl.data.synthetic.NameStyle`) the student learns to fetch a name
-   per kind of name, so all three kinds must be asked for;
+   per kind of name, so all three kinds must be asked for, and it may learn one kind and never
+   the others; answer chains whose names come from one list for every role (the warm-up's
+   ``answer_names``) teach one copy that serves all three (docs/experiments/2026-12-06-copy-onset.md);
 2. ``memagent``: MemAgent's Writes, with such answer calls in every batch (a kind of name the
    Writes need less often fades without them);
 3. ``infmem``: InfMem's PreThinks and Writes, with the same answer calls. It starts from the
@@ -79,7 +81,7 @@ def copied_kinds(model: torch.nn.Module, tokenizer, agent_cfg: AgentConfig, name
     """Per kind of question (:data:`ASKED_KINDS`), the share of haystack-free answer calls of
     chains of ``seed`` that ``model`` answers exactly as the oracle does (:func:`exact_share`).
 
-    With role names the copy forms one kind at a time, at a step that varies between builds and
+    With role names the copy can form for one kind and not the others, differently on different
     machines (docs/experiments/2026-12-06-copy-onset.md): the answer stage's gate.
     """
     builder = PromptBuilder(tokenizer, agent_cfg)
@@ -131,15 +133,18 @@ def answer_calls(builder: PromptBuilder, names: NameStyle, seed: int) -> Iterato
         yield answer_call(builder, asked(chain(index, seed, names), index))
 
 
-def stage_calls(stage: Stage, tokenizer, agent_cfg: AgentConfig, names: NameStyle, seed: int, batch: int, answers: int) -> Iterator[Call]:
+def stage_calls(
+    stage: Stage, tokenizer, agent_cfg: AgentConfig, names: NameStyle, seed: int, batch: int, answers: int, answer_names: NameStyle | None = None
+) -> Iterator[Call]:
     """Stage ``stage``'s calls, a batch at a time: answer calls only for ``"answer"``; else
     ``batch - answers`` calls of the stage's sources (:data:`STAGE_SOURCES`, an even share each)
-    and ``answers`` answer calls."""
+    and ``answers`` answer calls. The trajectories' documents have ``names``, the answer calls'
+    chains ``answer_names`` (default: the same)."""
     if stage not in STAGES:
         raise ValueError(f"stage: expected one of {STAGES}, got {stage!r}")
     builder = PromptBuilder(tokenizer, agent_cfg)
     # The answer calls draw chains of another seed than the trajectories', so no question repeats.
-    asks = answer_calls(builder, names, seed + 1)
+    asks = answer_calls(builder, answer_names or names, seed + 1)
     if stage == "answer":
         yield from asks
         return
@@ -159,12 +164,12 @@ def _calls(fresh: FreshCalls, kinds: tuple[str, ...]) -> Iterator[Call]:
 
 
 def write_stage(path: Path, stage: Stage, steps: int, batch: int, tokenizer, agent_cfg: AgentConfig, names: NameStyle,
-                seed: int, answers: int) -> Path:  # fmt: skip
+                seed: int, answers: int, answer_names: NameStyle | None = None) -> Path:  # fmt: skip
     """Write ``steps x batch`` calls of ``stage`` (:func:`stage_calls`) to the SFT parquet ``path``
     (all or nothing: written aside, then renamed); returns ``path``."""
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     writer = SFTWriter(tmp, tokenizer, agent_cfg.thinking)
-    calls = stage_calls(stage, tokenizer, agent_cfg, names, seed, batch, answers)
+    calls = stage_calls(stage, tokenizer, agent_cfg, names, seed, batch, answers, answer_names)
     for row, call in enumerate(itertools.islice(calls, steps * batch)):
         sample = SFTSample(
             input_ids=np.concatenate([call.prompt, call.response]).astype(np.int32),
