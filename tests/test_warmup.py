@@ -114,6 +114,7 @@ CURRICULUM_SMALL = [
     "infmem.warmup.heldout_samples=2",
     "infmem.warmup.min_valid=0",
     "infmem.warmup.answer_copy_min=0",  # a 4-step answer stage copies nothing (the gate's own test below)
+    "infmem.warmup.min_accuracy=0",  # nor does the student answer (refused first in the test below)
 ]
 
 
@@ -132,6 +133,8 @@ def test_warm_up_settings_without_training_or_with_a_negative_share_are_refused(
         warmup_settings(demo_config("infmem.warmup.answers_per_batch=-1"))
     with pytest.raises(ConfigError, match=r"infmem\.warmup\.answer_copy_min: expected a number in \[0, 1\], got 1\.5"):
         warmup_settings(demo_config("infmem.warmup.answer_copy_min=1.5"))
+    with pytest.raises(ConfigError, match=r"infmem\.warmup\.min_accuracy: expected a number in \[0, 1\], got -0\.1"):
+        warmup_settings(demo_config("infmem.warmup.min_accuracy=-0.1"))
     with pytest.raises(ConfigError, match=r"infmem\.warmup\.answer_names: expected '' \(the documents' names\), 'syllables', 'list' or 'roles', got 'greek'"):
         warmup_settings(demo_config("infmem.warmup.answer_names=greek"))
     with pytest.raises(ConfigError, match=r"infmem\.warmup\.segment_steps: expected an integer >= 1, got 0"):
@@ -147,16 +150,23 @@ def test_the_curriculum_trains_its_stages_in_segments_for_both_agents_and_resume
     import pytest
 
     from infmem_verl.agent.errors import ConfigError
-    from infmem_verl.cpu.warmup import WARMUP_KEY
+    from infmem_verl.cpu.warmup import WARMUP_KEY, WarmupError
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    # Under min_accuracy the student is refused after its check; rerun with a lower bar (the same
+    # cache entry: the bar decides no weights), the finished segments are reused.
+    refused = [*CURRICULUM_SMALL, "infmem.warmup.min_accuracy=0.5"]
+    with pytest.raises(WarmupError, match=r"answers 0% of held-out infmem questions, under min_accuracy=50%.*min_accuracy=0 runs RL"):
+        warm_qwen3_dir(demo_config(*refused), "demo", refused, cache_dir=tmp_path)
+    work = next(tmp_path.glob("warm-qwen3-*")) / "work"
+    first = {name: (work / name / "sft_losses.jsonl").stat().st_mtime_ns for name in ("answer1", "answer2", "memagent1", "infmem1")}
     model = warm_qwen3_dir(demo_config(*CURRICULUM_SMALL), "demo", CURRICULUM_SMALL, cache_dir=tmp_path)
+    assert model.parent / "work" == work and {name: (work / name / "sft_losses.jsonl").stat().st_mtime_ns for name in first} == first
     report = warmup_report(model)
     assert report.stages == {"answer1": 2, "answer2": 2, "memagent1": 2, "infmem1": 2}
     assert len(report.sft_losses) == 8 and set(report.seconds) == {"curriculum", "check"}
     assert set(report.agents) == {"infmem", "memagent"} and report.heldout == report.agents["infmem"]
     assert report.agents["memagent"].retrieval_calls == 0 and report.agents["infmem"].samples == 2
-    work = model.parent / "work"
     # Each segment trains one pass over calls of its own seed: none is seen twice.
     segments = [pq.read_table(work / f"answer{i}.parquet").column("input_ids").to_pylist() for i in (1, 2)]
     assert [len(rows) for rows in segments] == [8, 8]

@@ -119,6 +119,10 @@ class WarmupSettings:
     lr: float = 1.0e-2  # a random tiny model: 2e-3 left its format tokens unsure after 100 steps
     heldout_samples: int = 16
     min_valid: float = 0.9  # least share of valid PreThink actions and of valid Writes
+    # Least held-out accuracy (sub-EM) of every agent the student is built for: under it the
+    # outcome and early-stop rewards cannot move in RL, so the build stops with WarmupError. Left
+    # out of the cache key: a refused build rerun with a lower bar only checks again.
+    min_accuracy: float = 0.0
     check_temperature: float = 0.6  # the held-out check's sampling
     check_top_p: float = 0.95
     seed: int = 100  # of the distilled documents (held-out ones: seed + 1000)
@@ -144,6 +148,8 @@ class WarmupSettings:
             raise ConfigError(f"{path}.answer_copy_min: expected a number in [0, 1], got {self.answer_copy_min!r}")
         if self.answer_names not in ("", "syllables", "list", "roles"):
             raise ConfigError(f"{path}.answer_names: expected '' (the documents' names), 'syllables', 'list' or 'roles', got {self.answer_names!r}")
+        if not 0 <= self.min_accuracy <= 1:
+            raise ConfigError(f"{path}.min_accuracy: expected a number in [0, 1], got {self.min_accuracy!r}")
         if not 0 <= self.min_valid <= 1:
             raise ConfigError(f"{path}.min_valid: expected a number in [0, 1], got {self.min_valid!r}")
         if not self.check_temperature >= 0:
@@ -224,6 +230,13 @@ def warm_qwen3_dir(
                 f"{WARMUP_KEY}: the warmed model follows the protocol on fewer than min_valid={settings.min_valid:.0%} "
                 f"of held-out {agent} turns ({heldout.line()}); raise the steps, distill_samples or hidden_size"
             )
+        if heldout.sub_em < settings.min_accuracy:
+            raise WarmupError(
+                f"{WARMUP_KEY}: the warmed model answers {heldout.sub_em:.0%} of held-out {agent} questions, under "
+                f"min_accuracy={settings.min_accuracy:.0%} ({heldout.line()}), so RL's outcome and early-stop rewards "
+                "cannot move; 'answer in memory' says whether its Writes copy the facts (docs/experiments/"
+                f"2026-12-06-copy-onset.md). {WARMUP_KEY}.min_accuracy=0 runs RL from it anyway (the curriculum's finished segments are reused)"
+            )
     report.heldout = report.agents[agent_name]
     report.seconds["check"] = time.perf_counter() - started
     tmp = root / f"model.tmp{os.getpid()}"
@@ -241,6 +254,13 @@ def built_for(settings: WarmupSettings, agent: str) -> tuple[str, ...]:
     if settings.infmem_steps and not settings.sft_steps:
         return ("infmem", "memagent")
     return (agent,)
+
+
+def _keyed(settings: WarmupSettings) -> dict:
+    """The settings that decide the model (a refusal's bar does not)."""
+    fields = dataclasses.asdict(settings)
+    del fields["min_accuracy"]
+    return fields
 
 
 def launch_command(config: DictConfig) -> tuple[str, list[str]]:
@@ -263,7 +283,7 @@ def protocol_key(settings: WarmupSettings, agent: str, agent_cfg: AgentConfig, n
     """A short hash of everything that decides the warmed model and its check (the run's sampling
     excluded: it changes neither what is distilled nor how the check samples)."""
     protocol = dataclasses.asdict(dataclasses.replace(agent_cfg, temperature=1.0, top_p=1.0, top_k=-1))
-    fields = {"settings": dataclasses.asdict(settings), "agent": agent, "protocol": protocol}
+    fields = {"settings": _keyed(settings), "agent": agent, "protocol": protocol}
     if names != "syllables":  # keys of the warm-ups built before documents had other names stay as they were
         fields["names"] = names
     text = json.dumps(fields, sort_keys=True)
