@@ -125,6 +125,7 @@ DISTILLED_DEMO = [
     "infmem.warmup.answer_steps=0",
     "infmem.warmup.memagent_steps=0",
     "infmem.warmup.infmem_steps=0",
+    "infmem.warmup.min_accuracy=0",  # the distilled students follow the protocol and answer nothing
     "infmem.warmup.doc_tokens=1024",
     "infmem.agent.document.chunk_tokens=256",
     "data.train_batch_size=2",
