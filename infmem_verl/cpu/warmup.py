@@ -333,13 +333,13 @@ def _curriculum(
             report.stages[name] = len(losses)
             if stage == "answer" and settings.answer_copy_min and _copies(student, tokenizer, agent_cfg, names, settings, report, name, say):
                 break  # every kind of name copies: the answer stage's work is done
-        if stage == "answer" and settings.answer_copy_min and min(report.copied[name].values()) < settings.answer_copy_min:
+        if stage == "answer" and total and settings.answer_copy_min and min(report.copied[name].values()) < settings.answer_copy_min:
             raise WarmupError(
                 f"{WARMUP_KEY}: after {sum(report.stages.values())} answer steps the student answers held-out answer calls "
                 f"exactly for {_kinds_line(report.copied[name])}, under answer_copy_min={settings.answer_copy_min:.0%} "
                 "for some kind, so it would copy no answer into memory; which kinds form varies between builds and "
-                f"machines (docs/experiments/2026-12-06-copy-onset.md): set {WARMUP_KEY}.model_seed to another value to "
-                f"build from another initialisation (the segments done are kept in {work})"
+                f"machines (docs/experiments/2026-12-06-copy-onset.md): raise {WARMUP_KEY}.answer_steps, or set "
+                f"{WARMUP_KEY}.model_seed to another value to build from another initialisation"
             )
     return student
 
