@@ -313,3 +313,42 @@ def test_truncation_follows_verl_settings(tokenizer, distilled):
     config = sft_config("+recipe=sft_smoke", f"data.train_files={path}", "data.max_length=100")
     with pytest.raises(ValueError, match="data.max_length: sample 0 has"):
         create_sft_dataset(path, config.data, tokenizer, None)[0]
+
+
+def test_length_groups_cut_padding_and_keep_the_loss_and_gradient_of_unpadded_rows(tokenizer, distilled, tiny_model_dir):
+    """The CPU loop's micro-batches of similar lengths: every sample once, at most the row cap,
+    fewer padded tokens than the whole batch in one, and the loss and gradient of every row run
+    alone (no padding at all)."""
+    from verl.trainer.sft_trainer import create_sft_dataset
+    from verl.utils.dataset.dataset_utils import SFTTensorCollator
+
+    from infmem_verl.cpu.engine import load_model
+    from infmem_verl.sft.cpu import batch_loss, length_groups
+
+    out, _ = distilled
+    config = sft_config("+recipe=sft_smoke", f"data.train_files={sft_paths(out)['train']}")
+    dataset = create_sft_dataset(config.data.train_files, config.data, tokenizer, None)
+    items = [dataset[i] for i in range(min(len(dataset), 12))]
+    lengths = [len(item["input_ids"]) for item in items]
+    assert len(set(lengths)) > 2, "the fixture's calls differ in length"
+
+    groups = length_groups(lengths, most_rows=len(items))
+    assert sorted(i for group in groups for i in group) == list(range(len(items)))
+    padded = sum(len(group) * max(lengths[i] for i in group) for group in groups)
+    assert padded < len(items) * max(lengths)
+    assert any(len({lengths[i] for i in group}) > 1 for group in groups), "some micro-batch is padded"
+    assert all(len(group) <= 3 for group in length_groups(lengths, most_rows=3))
+    assert length_groups(lengths, most_rows=1) == [[i] for i in sorted(range(len(items)), key=lengths.__getitem__)]
+
+    model = load_model(str(tiny_model_dir))
+    collate, pad_id = SFTTensorCollator("no_padding"), tokenizer.pad_token_id
+
+    def loss_and_grad(micro: int) -> tuple[float, torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        loss = batch_loss(model, items, collate, micro, pad_id, backward=True)
+        return loss, torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    alone_loss, alone_grad = loss_and_grad(1)
+    grouped_loss, grouped_grad = loss_and_grad(len(items))
+    assert grouped_loss == pytest.approx(alone_loss, rel=1e-5)
+    torch.testing.assert_close(grouped_grad, alone_grad, rtol=1e-4, atol=1e-6)
