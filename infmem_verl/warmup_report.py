@@ -53,8 +53,9 @@ class WarmupReport:
     heldout: HeldOut | None = None  # of the agent whose run built the model
     agents: dict[str, HeldOut] = field(default_factory=dict)  # of every agent it was built and checked for
     seconds: dict[str, float] = field(default_factory=dict)  # per stage
-    # Per answer-stage segment: the held-out answer calls it answers exactly, per kind of question
-    # (infmem_verl.sft.curriculum.copied_kinds).
+    # Per segment of a gated stage (infmem_verl.cpu.warmup.GATES), what the student copies after it:
+    # an answer segment's share of held-out answer calls answered exactly per kind of question
+    # (infmem_verl.sft.curriculum.copied_kinds), a MemAgent segment's "answer in memory".
     copied: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:

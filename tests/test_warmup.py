@@ -133,6 +133,8 @@ def test_warm_up_settings_without_training_or_with_a_negative_share_are_refused(
         warmup_settings(demo_config("infmem.warmup.answers_per_batch=-1"))
     with pytest.raises(ConfigError, match=r"infmem\.warmup\.answer_copy_min: expected a number in \[0, 1\], got 1\.5"):
         warmup_settings(demo_config("infmem.warmup.answer_copy_min=1.5"))
+    with pytest.raises(ConfigError, match=r"infmem\.warmup\.memory_copy_min: expected a number in \[0, 1\], got 2"):
+        warmup_settings(demo_config("infmem.warmup.memory_copy_min=2"))
     with pytest.raises(ConfigError, match=r"infmem\.warmup\.min_accuracy: expected a number in \[0, 1\], got -0\.1"):
         warmup_settings(demo_config("infmem.warmup.min_accuracy=-0.1"))
     with pytest.raises(ConfigError, match=r"infmem\.warmup\.answer_names: expected '' \(the documents' names\), 'syllables', 'list' or 'roles', got 'greek'"):
@@ -194,7 +196,22 @@ def test_a_student_that_copies_no_kind_of_name_stops_the_build_after_its_answer_
     from infmem_verl.cpu.warmup import WarmupError
 
     gated = [*CURRICULUM_SMALL, "infmem.warmup.answer_copy_min=0.5"]
-    with pytest.raises(WarmupError, match=r"after 4 answer steps .* two-hop 0%, bridge 0%, entity 0%.*infmem\.warmup\.model_seed"):
+    with pytest.raises(WarmupError, match=r"after 4 answer steps, held-out answer calls answered exactly: two-hop 0%, bridge 0%, entity 0%, under answer_copy_min=50%.*infmem\.warmup\.model_seed"):
         warm_qwen3_dir(demo_config(*gated), "demo", gated, cache_dir=tmp_path)
     work = next(tmp_path.glob("warm-qwen3-*")) / "work"
     assert (work / "answer2").is_dir() and not (work / "memagent1.parquet").exists()
+
+
+def test_writes_that_copy_no_answer_stop_the_build_after_its_memagent_stage(tmp_path):
+    """The MemAgent stage's gate (infmem.warmup.memory_copy_min): after each MemAgent segment the
+    student runs MemAgent on the held-out documents; the miniature's Writes leave no answer in
+    memory, so the build stops after its last MemAgent segment, before the InfMem stage."""
+    import pytest
+
+    from infmem_verl.cpu.warmup import WarmupError
+
+    gated = [*CURRICULUM_SMALL, "infmem.warmup.memagent_steps=4", "infmem.warmup.memory_copy_min=0.5"]
+    with pytest.raises(WarmupError, match=r"after 4 memagent steps, held-out MemAgent runs whose last memory holds the answer: answer in memory 0%, under memory_copy_min=50%.*infmem\.warmup\.memagent_steps"):
+        warm_qwen3_dir(demo_config(*gated), "demo", gated, cache_dir=tmp_path)
+    work = next(tmp_path.glob("warm-qwen3-*")) / "work"
+    assert (work / "memagent2").is_dir() and not (work / "infmem1.parquet").exists()

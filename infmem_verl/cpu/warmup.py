@@ -102,6 +102,12 @@ class WarmupSettings:
     # kind at a time, at a step that varies between machines: the build that formed all three on
     # one CPU formed one on another (docs/experiments/2026-12-06-copy-onset.md).
     answer_copy_min: float = 0.0
+    # The MemAgent stage's gate (0: none), its Writes' copy: after each of its segments the student
+    # runs MemAgent on the held-out documents, and the stage ends once the last memory holds the
+    # answer for this share of them (memagent_steps is then the most it runs); a build that does
+    # not get there stops with WarmupError before the InfMem stage. On the EPYC the Writes copied
+    # nothing after 800 steps and 9-80% after 1,400 (three builds); on the Xeon 400 sufficed.
+    memory_copy_min: float = 0.0
     # The names of the answer calls' chains, in every stage ("": the documents' own,
     # infmem.bootstrap.names). With role names each kind of question is its own copy, learnt one
     # at a time or not at all; names drawn from one list for every role make the student learn one
@@ -144,14 +150,11 @@ class WarmupSettings:
             raise ConfigError(f"{path}.doc_tokens: expected an integer >= 512, got {self.doc_tokens!r}")
         if not self.lr > 0:
             raise ConfigError(f"{path}.lr: expected a number > 0, got {self.lr!r}")
-        if not 0 <= self.answer_copy_min <= 1:
-            raise ConfigError(f"{path}.answer_copy_min: expected a number in [0, 1], got {self.answer_copy_min!r}")
+        for name in ("answer_copy_min", "memory_copy_min", "min_accuracy", "min_valid"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ConfigError(f"{path}.{name}: expected a number in [0, 1], got {getattr(self, name)!r}")
         if self.answer_names not in ("", "syllables", "list", "roles"):
             raise ConfigError(f"{path}.answer_names: expected '' (the documents' names), 'syllables', 'list' or 'roles', got {self.answer_names!r}")
-        if not 0 <= self.min_accuracy <= 1:
-            raise ConfigError(f"{path}.min_accuracy: expected a number in [0, 1], got {self.min_accuracy!r}")
-        if not 0 <= self.min_valid <= 1:
-            raise ConfigError(f"{path}.min_valid: expected a number in [0, 1], got {self.min_valid!r}")
         if not self.check_temperature >= 0:
             raise ConfigError(f"{path}.check_temperature: expected a number >= 0, got {self.check_temperature!r}")
         if not 0 < self.check_top_p <= 1:
@@ -322,6 +325,8 @@ def _curriculum(
         total = getattr(settings, f"{stage}_steps")
         answers = 0 if stage == "answer" else settings.answers_per_batch
         batch = settings.batch_size + answers
+        gate, what = GATES.get(stage, ("", ""))
+        bar = getattr(settings, gate) if gate else 0.0
         for segment, start in enumerate(range(0, total, settings.segment_steps)):
             steps = min(settings.segment_steps, total - start)
             name = f"{stage}{segment + 1}"
@@ -331,30 +336,45 @@ def _curriculum(
             student, losses = _finished(work / name, steps) or _train(name, student, data, work / name, steps, settings, batch)
             report.sft_losses += losses
             report.stages[name] = len(losses)
-            if stage == "answer" and settings.answer_copy_min and _copies(student, tokenizer, agent_cfg, names, settings, report, name, say):
-                break  # every kind of name copies: the answer stage's work is done
-        if stage == "answer" and total and settings.answer_copy_min and min(report.copied[name].values()) < settings.answer_copy_min:
+            if bar:
+                report.copied[name] = _copies(stage, student, tokenizer, agent_cfg, names, settings, name, say)
+                if min(report.copied[name].values()) >= bar:
+                    break  # the stage's copy has formed: its work is done
+        if total and bar and min(report.copied[name].values()) < bar:
+            done = sum(n for segment, n in report.stages.items() if segment.rstrip("0123456789") == stage)
             raise WarmupError(
-                f"{WARMUP_KEY}: after {sum(report.stages.values())} answer steps the student answers held-out answer calls "
-                f"exactly for {_kinds_line(report.copied[name])}, under answer_copy_min={settings.answer_copy_min:.0%} "
-                "for some kind, so it would copy no answer into memory; which kinds form varies between builds and "
-                f"machines (docs/experiments/2026-12-06-copy-onset.md): raise {WARMUP_KEY}.answer_steps, or set "
+                f"{WARMUP_KEY}: after {done} {stage} steps, {what}: {_kinds_line(report.copied[name])}, under "
+                f"{gate}={bar:.0%}, so the student would answer few questions; when the copy forms varies between "
+                f"builds and machines (docs/experiments/2026-12-06-copy-onset.md): raise {WARMUP_KEY}.{stage}_steps, or set "
                 f"{WARMUP_KEY}.model_seed to another value to build from another initialisation"
             )
     return student
 
 
-def _copies(student: Path, tokenizer, agent_cfg: AgentConfig, names: str, settings: WarmupSettings, report: WarmupReport,
-            name: str, say: Callable[[str], None]) -> bool:  # fmt: skip
-    """Record (and say) what the student after segment ``name`` copies; True when every kind of
-    question reaches ``answer_copy_min``."""
-    from infmem_verl.cpu.engine import load_model
-    from infmem_verl.sft.curriculum import copied_kinds
+# The stages with a gate: its setting and what it measures. After each segment the student's copy is
+# measured (_copies) and the stage ends once every figure reaches the bar; a stage that ends under
+# it stops the build before the longer stages that would start from it.
+GATES = {
+    "answer": ("answer_copy_min", "held-out answer calls answered exactly"),
+    "memagent": ("memory_copy_min", "held-out MemAgent runs whose last memory holds the answer"),
+}
 
-    kinds = copied_kinds(load_model(str(student)), tokenizer, agent_cfg, names, settings.seed + HELDOUT_SEED_OFFSET)
-    report.copied[name] = kinds
-    say(f"warm-up: {name}: held-out answer calls answered exactly: {_kinds_line(kinds)}")
-    return min(kinds.values()) >= settings.answer_copy_min
+
+def _copies(stage: str, student: Path, tokenizer, agent_cfg: AgentConfig, names: str, settings: WarmupSettings,
+            name: str, say: Callable[[str], None]) -> dict[str, float]:  # fmt: skip
+    """What the student after segment ``name`` copies (said on the console): after an answer
+    segment, each kind of held-out answer call answered exactly; after a MemAgent segment, the
+    held-out documents whose last MemAgent memory holds the answer."""
+    if stage == "answer":
+        from infmem_verl.cpu.engine import load_model
+        from infmem_verl.sft.curriculum import copied_kinds
+
+        kinds = copied_kinds(load_model(str(student)), tokenizer, agent_cfg, names, settings.seed + HELDOUT_SEED_OFFSET)
+        say(f"warm-up: {name}: {GATES[stage][1]}: {_kinds_line(kinds)}")
+        return kinds
+    heldout = heldout_check(student, stage, check_sampling(settings, agent_cfg), settings, names)
+    say(f"warm-up: {name}: {stage} {heldout.line()}")
+    return {"answer in memory": heldout.answer_in_memory}
 
 
 def _kinds_line(kinds: dict[str, float]) -> str:
