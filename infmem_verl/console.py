@@ -3,7 +3,8 @@
 By default ``python -m infmem_verl.main`` shows what runs (the bootstrap and backend lines, the
 warm-up's progress bars), then one line per RL step and per validation while training, and at
 the end a table: reward and its components, accuracy, chunks read, stop rate and LLM calls
-(last step, training and validation), time per phase, and the paths of the TensorBoard events,
+(last step, training and validation), time per phase, InfMem over MemAgent once both agents'
+records lie side by side (:func:`agent_gap`), and the paths of the TensorBoard events,
 ``steps.jsonl``, the run summary PNG and the full log. Everything else the run prints - verl's
 metric dumps, Ray's notices, the workers' logs - goes to ``run.log`` next to the TensorBoard
 events, named on the console. ``-v`` (or ``INFMEM_VERBOSE=1``) shows everything as before.
@@ -136,10 +137,53 @@ def heldout_change(steps: Sequence[Mapping[str, Any]], components: Sequence[str]
         a, b = first.get(f"val-{PREFIX}/{name}"), last.get(f"val-{PREFIX}/{name}")
         if a is None or b is None:
             continue
-        two_se = 2 * math.sqrt(max(0.0, min(b, 1.0) * (1 - min(b, 1.0))) / n)
-        verdict = "above noise" if b - a > two_se else "below noise" if a - b > two_se else "within noise"
-        lines.append(f"    {name:<12}{a:.3f} -> {b:.3f} ({b - a:+.3f}; 2 SE {two_se:.3f}: {verdict})")
+        two_se = 2 * math.sqrt(_variance(b) / n)
+        lines.append(f"    {name:<12}{a:.3f} -> {b:.3f} ({b - a:+.3f}; 2 SE {two_se:.3f}: {_verdict(b - a, two_se)})")
     return lines
+
+
+# The demo names each agent's records folder after its agent loop (conf/recipe/demo.yaml's
+# trainer.experiment_name), so either run finds the other's beside its own.
+AGENT_FOLDERS = {"InfMem": "_infmem_agent", "MemAgent": "_memagent_agent"}
+
+
+def agent_gap(directory: Path) -> list[str]:
+    """InfMem over MemAgent in held-out accuracy, the papers' comparison, once both agents' records
+    lie side by side (``<name>_infmem_agent`` and ``<name>_memagent_agent``) with validations of as
+    many trajectories: their first validations against each other, then their last.
+
+    Two standard errors of the difference take the two means as independent,
+    ``2 sqrt((pa (1 - pa) + pb (1 - pb)) / n)``; both runs validate on the same documents (the
+    recipe's ``data.val_files``), which makes the true noise smaller, so the bar is cautious.
+    """
+    stem = next((directory.name.removesuffix(suffix) for suffix in AGENT_FOLDERS.values() if directory.name.endswith(suffix)), None)
+    if stem is None:
+        return []
+    vals = {agent: [s for s in RunRecord(directory.with_name(stem + suffix)).steps() if f"val-{PREFIX}/acc" in s] for agent, suffix in AGENT_FOLDERS.items()}
+    counts = {int(v[-1].get(f"val-{PREFIX}/trajectories", 0)) for v in vals.values() if v}
+    if not all(vals.values()) or len(counts) != 1 or min(counts) < 1:
+        return []
+    n = counts.pop()
+    lines = [f"  InfMem over MemAgent, held-out accuracy ({n} trajectories each; 2 SE of the difference; MemAgent's records: {directory.with_name(stem + AGENT_FOLDERS['MemAgent'])}):"]
+    for label, index in (("first validation", 0), ("last validation", -1)):
+        if index == -1 and all(len(v) == 1 for v in vals.values()):
+            break
+        infmem, memagent = vals["InfMem"][index], vals["MemAgent"][index]
+        a, b = infmem[f"val-{PREFIX}/acc"], memagent[f"val-{PREFIX}/acc"]
+        two_se = 2 * math.sqrt((_variance(a) + _variance(b)) / n)
+        steps = f"steps {int(infmem['step'])} / {int(memagent['step'])}"
+        lines.append(f"    {label} ({steps}): {a:.3f} vs {b:.3f} ({a - b:+.3f}; 2 SE {two_se:.3f}: {_verdict(a - b, two_se)})")
+    return lines
+
+
+def _variance(p: float) -> float:
+    """``p (1 - p)``: the variance of a 0/1 value of mean ``p``, a bound for any value in [0, 1]."""
+    p = min(max(p, 0.0), 1.0)
+    return p * (1 - p)
+
+
+def _verdict(change: float, two_se: float) -> str:
+    return "above noise" if change > two_se else "below noise" if -change > two_se else "within noise"
 
 
 def _value(value: Any) -> str:
@@ -204,7 +248,7 @@ def console_mode(config: DictConfig) -> Iterator[None]:
             yield
         finally:
             follower.stop()
-    for line in end_table(record.steps(), components, {"set-up incl. warm-up": setup, "training": time.time() - started}):
+    for line in end_table(record.steps(), components, {"set-up incl. warm-up": setup, "training": time.time() - started}) + agent_gap(directory):
         print(line, file=console)
     for label, path in _paths(config, directory, log):
         print(f"  {label:<14}{path}", file=console)

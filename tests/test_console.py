@@ -134,3 +134,27 @@ def test_the_end_table_compares_the_first_and_last_validation_against_two_standa
     # A fall past two standard errors says so (a GRPO run that broke the protocol read "within").
     assert lines[at + 3].split()[-5:] == ["2", "SE", "0.094:", "below", "noise)"]  # 2 * sqrt(.83 * .17 / 64)
     assert not any("held out" in line for line in end_table(steps[:2], ["outcome"], {}))  # one validation: no comparison
+
+
+def test_the_run_summary_compares_infmem_with_memagent_once_both_records_lie_side_by_side(tmp_path):
+    from infmem_verl.console import agent_gap
+    from infmem_verl.run_record import RunRecord
+
+    def validate(folder: str, step: int, acc: float, trajectories: int = 128) -> None:
+        RunRecord(tmp_path / folder).log_step(step, {"val-infmem/acc": acc, "val-infmem/reward": acc, "val-infmem/trajectories": trajectories})
+
+    validate("demo_infmem_agent", 0, 0.5)
+    validate("demo_infmem_agent", 8, 0.6)
+    assert agent_gap(tmp_path / "demo_infmem_agent") == []  # MemAgent has not run
+    validate("demo_memagent_agent", 0, 0.375)
+    validate("demo_memagent_agent", 8, 0.5)
+    lines = agent_gap(tmp_path / "demo_memagent_agent")  # either run prints it, InfMem first
+    assert lines == agent_gap(tmp_path / "demo_infmem_agent") and len(lines) == 3
+    assert lines[0].startswith("  InfMem over MemAgent, held-out accuracy (128 trajectories each;")
+    # 2 * sqrt((.5 * .5 + .375 * .625) / 128) = .1230 < +.125; 2 * sqrt((.6 * .4 + .5 * .5) / 128) = .1237 > +.1
+    assert lines[1].split()[2:] == ["(steps", "0", "/", "0):", "0.500", "vs", "0.375", "(+0.125;", "2", "SE", "0.123:", "above", "noise)"]
+    assert lines[2].split()[-6:] == ["(+0.100;", "2", "SE", "0.124:", "within", "noise)"]
+    # Validations of different sizes are not the same documents; a folder named for no agent has no pair.
+    validate("demo_memagent_agent", 9, 0.5, trajectories=64)
+    assert agent_gap(tmp_path / "demo_infmem_agent") == []
+    assert agent_gap(tmp_path / "smoke") == []
