@@ -114,6 +114,7 @@ CURRICULUM_SMALL = [
     "infmem.warmup.heldout_samples=2",
     "infmem.warmup.min_valid=0",
     "infmem.warmup.answer_copy_min=0",  # a 4-step answer stage copies nothing (the gate's own test below)
+    "infmem.warmup.memory_copy_min=0",  # nor do 2 MemAgent steps teach Writes to copy (its test below)
     "infmem.warmup.min_accuracy=0",  # nor does the student answer (refused first in the test below)
 ]
 
@@ -205,12 +206,13 @@ def test_a_student_that_copies_no_kind_of_name_stops_the_build_after_its_answer_
 def test_writes_that_copy_no_answer_stop_the_build_after_its_memagent_stage(tmp_path):
     """The MemAgent stage's gate (infmem.warmup.memory_copy_min): after each MemAgent segment the
     student runs MemAgent on the held-out documents; the miniature's Writes leave no answer in
-    memory, so the build stops after its last MemAgent segment, before the InfMem stage."""
+    memory, so the build stops after its last MemAgent segment, before the InfMem stage (no answer
+    stage: two SFT commands instead of four)."""
     import pytest
 
     from infmem_verl.cpu.warmup import WarmupError
 
-    gated = [*CURRICULUM_SMALL, "infmem.warmup.memagent_steps=4", "infmem.warmup.memory_copy_min=0.5"]
+    gated = [*CURRICULUM_SMALL, "infmem.warmup.answer_steps=0", "infmem.warmup.memagent_steps=4", "infmem.warmup.memory_copy_min=0.5"]
     with pytest.raises(WarmupError, match=r"after 4 memagent steps, held-out MemAgent runs whose last memory holds the answer: answer in memory 0%, under memory_copy_min=50%.*infmem\.warmup\.memagent_steps"):
         warm_qwen3_dir(demo_config(*gated), "demo", gated, cache_dir=tmp_path)
     work = next(tmp_path.glob("warm-qwen3-*")) / "work"

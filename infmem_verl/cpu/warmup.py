@@ -53,12 +53,14 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+import typing
 from typing import Callable, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
 from infmem_verl.agent.config import AgentConfig
 from infmem_verl.agent.errors import ConfigError
+from infmem_verl.data.synthetic import NameStyle
 from infmem_verl.settings import agent_settings, read_settings
 from infmem_verl.warmup_report import REPORT, HeldOut, WarmupReport
 
@@ -153,8 +155,10 @@ class WarmupSettings:
         for name in ("answer_copy_min", "memory_copy_min", "min_accuracy", "min_valid"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ConfigError(f"{path}.{name}: expected a number in [0, 1], got {getattr(self, name)!r}")
-        if self.answer_names not in ("", "syllables", "list", "roles"):
-            raise ConfigError(f"{path}.answer_names: expected '' (the documents' names), 'syllables', 'list' or 'roles', got {self.answer_names!r}")
+        styles = typing.get_args(NameStyle)
+        if self.answer_names not in ("", *styles):
+            expected = ", ".join(repr(style) for style in styles[:-1]) + f" or {styles[-1]!r}"
+            raise ConfigError(f"{path}.answer_names: expected '' (the documents' names), {expected}, got {self.answer_names!r}")
         if not self.check_temperature >= 0:
             raise ConfigError(f"{path}.check_temperature: expected a number >= 0, got {self.check_temperature!r}")
         if not 0 < self.check_top_p <= 1:
