@@ -51,9 +51,9 @@ import subprocess
 import sys
 import threading
 import time
+import typing
 from dataclasses import dataclass
 from pathlib import Path
-import typing
 from typing import Callable, Sequence
 
 from omegaconf import DictConfig, OmegaConf
@@ -345,9 +345,8 @@ def _curriculum(
                 if min(report.copied[name].values()) >= bar:
                     break  # the stage's copy has formed: its work is done
         if total and bar and min(report.copied[name].values()) < bar:
-            done = sum(n for segment, n in report.stages.items() if segment.rstrip("0123456789") == stage)
             raise WarmupError(
-                f"{WARMUP_KEY}: after {done} {stage} steps, {what}: {_kinds_line(report.copied[name])}, under "
+                f"{WARMUP_KEY}: after {start + steps} {stage} steps, {what}: {_kinds_line(report.copied[name])}, under "
                 f"{gate}={bar:.0%}, so the student would answer few questions; when the copy forms varies between "
                 f"builds and machines (docs/experiments/2026-12-06-copy-onset.md): raise {WARMUP_KEY}.{stage}_steps, or set "
                 f"{WARMUP_KEY}.model_seed to another value to build from another initialisation"
