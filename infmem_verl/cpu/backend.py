@@ -254,6 +254,10 @@ def _select(config: DictConfig, count: GPUCount, dry_run: bool) -> Backend:
     return _cpu_backend(count.gpus, reason)
 
 
+# FSDP's compute, gradient-reduction and buffer dtypes for verl's engine on a CPU (both backends:
+# VERL_CPU_SETTINGS for RL, infmem_verl/sft/launch.py for SFT).
+CPU_MIXED_PRECISION = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+
 # What verl's GPU path needs changed to run on a CPU, and why; apply_verl_cpu_backend sets these
 # over the recipe and the backend line names the ones it changed (docs/experiments/
 # 2026-12-04-verl-cpu-rl.md has the figures). The reference model runs, and with it the KL loss:
@@ -275,6 +279,13 @@ VERL_CPU_SETTINGS = {
     # actor.use_torch_compile, reaches the v1 engine); on a CPU that is inductor's C++ compile.
     "actor_rollout_ref.actor.fsdp_config.use_torch_compile": False,
     "actor_rollout_ref.ref.fsdp_config.use_torch_compile": False,
+    # verl's FSDP engine computes in bfloat16 by default; a CPU without native bfloat16 matrix
+    # units (AVX512-BF16, AMX) falls back to a scalar loop: a hidden-64 x Qwen3-vocabulary output
+    # layer's forward 11x and backward 28x float32's on an AVX2 EPYC, which made a 2-step verl SFT
+    # take 300 s there against 71 s on a Xeon. Float32 everywhere: one numerics on every CPU, and
+    # the trainer's the rollout's.
+    "actor_rollout_ref.actor.fsdp_config.mixed_precision": CPU_MIXED_PRECISION,
+    "actor_rollout_ref.ref.fsdp_config.mixed_precision": CPU_MIXED_PRECISION,
     # vLLM's CPU build: float32, no CUDA graphs, no sleep mode.
     "actor_rollout_ref.rollout.dtype": "float32",
     "actor_rollout_ref.rollout.enforce_eager": True,

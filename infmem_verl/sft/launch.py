@@ -38,6 +38,7 @@ from infmem_verl import conf_dir
 from infmem_verl.agent.errors import ConfigError
 from infmem_verl.cli import exit_on_input_error
 from infmem_verl.cpu.backend import (
+    CPU_MIXED_PRECISION,
     BACKENDS,
     VERL_CPU,
     check_cpu_platform,
@@ -243,8 +244,8 @@ def train_on_verl_cpu(config: DictConfig):
     trained, its workers alive in this process's Ray session (a caller may ask them for their
     state; Ray stops with the process).
 
-    What a CPU needs of the config is set here, not in a recipe: the device, and sdpa attention
-    (flash-attention is CUDA-only). The strategy is the recipes' own, ``fsdp2``
+    What a CPU needs of the config is set here, not in a recipe: the device, sdpa attention
+    (flash-attention is CUDA-only) and float32 compute (:data:`CPU_MIXED_PRECISION`). The strategy is the recipes' own, ``fsdp2``
     (:func:`prepare_sft_config` refuses FSDP1, which torch cannot run on a CPU: it refuses
     ``sync_module_states`` there).
     """
@@ -255,6 +256,7 @@ def train_on_verl_cpu(config: DictConfig):
     with open_dict(config):
         config.trainer.device = "cpu"
         config.model.override_config.setdefault("attn_implementation", "sdpa")
+        config.engine.mixed_precision = CPU_MIXED_PRECISION  # bfloat16 is a scalar loop on most CPUs
     ray.init(**cpu_ray_init(trainer_ranks(config)))
 
     trainer = SFTTrainer(config=config)
