@@ -31,10 +31,14 @@ SHARED_SESSION_GROUPS = {
     "warm_model": ("test_cpu_training_runs", "test_warmup"),
 }
 GROUP_OF_MODULE = {module: group for group, modules in SHARED_SESSION_GROUPS.items() for module in modules}
-# Groups handed out first, the longest first (as `make test`'s --durations shows them): a long group
-# started last would leave the other worker idle at the end.
-LONGEST_GROUPS = ("test_verl_cpu_rl", "test_metrics_tb", "warm_model", "test_training_faults", "vllm_server", "test_verl_pipeline", "test_export", "test_preflight",
-                  "test_verl_vllm_server", "test_verl_cpu_sft")  # the last two: 123 s in a 2026-12-07 suite and 82 s alone
+# Groups handed out first, the longest first (a long group started last would leave the other
+# worker idle at the end). Seconds in the 2026-12-07 suite (test_verl_cpu_rl and test_verl_cpu_sft
+# alone, after verl's engine went to float32 on a CPU): warm_model 662, test_metrics_tb 399,
+# test_verl_cpu_rl 331, vllm_server 319, test_training_faults 313, test_retrieval 157,
+# test_verl_pipeline 149, test_preflight 125, test_verl_vllm_server 123, test_export 116,
+# test_verl_cpu_sft 82.
+LONGEST_GROUPS = ("warm_model", "test_metrics_tb", "test_verl_cpu_rl", "vllm_server", "test_training_faults", "test_retrieval",
+                  "test_verl_pipeline", "test_preflight", "test_verl_vllm_server", "test_export", "test_verl_cpu_sft")
 
 
 def _group(test_file: Path) -> str:
