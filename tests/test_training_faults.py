@@ -7,8 +7,10 @@ The run saves after every step. Step 2's rollout is held inside its scoring (the
 waits on the reward worker; see :func:`held_letters`) while the test kills the actor, then let
 go. The run must stop within a bound with one console line naming the dead actor and the
 checkpoint to resume from, and leave no step-2 checkpoint that resume would load; the same
-command, resumed from step 1, meets the second fault in its step 2, and a third launch completes it. (Faults at the save itself:
-tests/test_checkpoint_faults.py.)
+command, resumed from step 1, meets the second fault in its step 2. That a resumed run trains
+its step and saves it is checked on the smoke's own Ctrl-C and resume (tests/test_metrics_tb.py),
+from the same state a kill leaves (the tracker at 1, nothing of step 2). (Faults at the save
+itself: tests/test_checkpoint_faults.py.)
 """
 
 from __future__ import annotations
@@ -125,22 +127,16 @@ def stop_mid_step(root: Path, cmd: list[str], env: dict[str, str], class_name: s
     assert not [p for p in started if _alive(p)], "Ray processes outlived the stopped run"
 
 
-def test_actors_killed_mid_step_stop_the_run_naming_them_and_resume_completes_the_step(tmp_path):
+def test_actors_killed_mid_step_stop_the_run_naming_them_and_the_resume_starts_at_that_step(tmp_path):
     """Two faults, one after the other: the generation server killed in step 2 of the first run,
-    then an agent-loop worker (the one whose scoring holds step 2) in the resumed run's step 2;
-    the third launch completes step 2. (Rule-based rewards are scored in the agent-loop worker;
-    verl's RewardLoopWorker actors are not on a training step's path then: one killed during step
-    2 changes nothing, and the run completes.) One run, three launches: each launch of the smoke
-    costs about a minute and a half of the suite."""
+    then an agent-loop worker (the one whose scoring holds step 2) in the resumed run's step 2.
+    (Rule-based rewards are scored in the agent-loop worker; verl's RewardLoopWorker actors are not
+    on a training step's path then: one killed during step 2 changes nothing, and the run
+    completes.) Two launches of the smoke, about a minute and a half of the suite each; a third
+    that completed step 2 (2026-12-07: 370 s for the three in a suite) repeated what
+    tests/test_metrics_tb.py checks of a resume."""
     root = tmp_path
     cmd, env = command(root), environment(root)
     stop_mid_step(root, cmd, env, "CPUGenerationServer", "the generation server", "first.log")
     stop_mid_step(root, cmd, env, "AgentLoopWorkerTQ", "an agent-loop worker", "resumed.log")
     assert "[infmem] step 1/2" not in (root / "resumed.log").read_text()  # the second launch resumed
-
-    third = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    resumed = third.stdout + third.stderr
-    assert third.returncode == 0, resumed[-4000:]
-    assert "[infmem] step 2/2" in resumed and "[infmem] step 1/2" not in resumed, resumed[-4000:]
-    assert _tracker(root).read_text().strip() == "2"
-    assert (root / "checkpoints" / "global_step_2" / "actor").is_dir()
