@@ -38,8 +38,8 @@ from infmem_verl import conf_dir
 from infmem_verl.agent.errors import ConfigError
 from infmem_verl.cli import exit_on_input_error
 from infmem_verl.cpu.backend import (
-    CPU_MIXED_PRECISION,
     BACKENDS,
+    CPU_MIXED_PRECISION,
     VERL_CPU,
     check_cpu_platform,
     choose_backend,
