@@ -51,10 +51,9 @@ import subprocess
 import sys
 import threading
 import time
-import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Sequence, get_args
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -155,7 +154,7 @@ class WarmupSettings:
         for name in ("answer_copy_min", "memory_copy_min", "min_accuracy", "min_valid"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ConfigError(f"{path}.{name}: expected a number in [0, 1], got {getattr(self, name)!r}")
-        styles = typing.get_args(NameStyle)
+        styles = get_args(NameStyle)
         if self.answer_names not in ("", *styles):
             expected = ", ".join(repr(style) for style in styles[:-1]) + f" or {styles[-1]!r}"
             raise ConfigError(f"{path}.answer_names: expected '' (the documents' names), {expected}, got {self.answer_names!r}")

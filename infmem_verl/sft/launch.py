@@ -245,9 +245,9 @@ def train_on_verl_cpu(config: DictConfig):
     state; Ray stops with the process).
 
     What a CPU needs of the config is set here, not in a recipe: the device, sdpa attention
-    (flash-attention is CUDA-only) and float32 compute (:data:`CPU_MIXED_PRECISION`). The strategy is the recipes' own, ``fsdp2``
-    (:func:`prepare_sft_config` refuses FSDP1, which torch cannot run on a CPU: it refuses
-    ``sync_module_states`` there).
+    (flash-attention is CUDA-only) and float32 compute (:data:`CPU_MIXED_PRECISION`). The strategy
+    is the recipes' own, ``fsdp2`` (:func:`prepare_sft_config` refuses FSDP1, which torch cannot
+    run on a CPU: it refuses ``sync_module_states`` there).
     """
     import ray
     from verl.trainer.sft_trainer_ray import SFTTrainer
@@ -256,7 +256,7 @@ def train_on_verl_cpu(config: DictConfig):
     with open_dict(config):
         config.trainer.device = "cpu"
         config.model.override_config.setdefault("attn_implementation", "sdpa")
-        config.engine.mixed_precision = CPU_MIXED_PRECISION  # bfloat16 is a scalar loop on most CPUs
+        config.engine.mixed_precision = CPU_MIXED_PRECISION  # bfloat16: a scalar loop without AVX512-BF16/AMX
     ray.init(**cpu_ray_init(trainer_ranks(config)))
 
     trainer = SFTTrainer(config=config)
