@@ -36,6 +36,8 @@ def test_verl_sft_trainer_on_two_gloo_ranks(tmp_path, distilled):
     result = json.loads((tmp_path / "result.json").read_text())
     ranks = result["ranks"]
     assert len(ranks) == 2
+    # Both ranks computed in float32 (infmem_verl.cpu.backend.CPU_MIXED_PRECISION), not verl's bfloat16.
+    assert [rank["compute_dtype"] for rank in ranks] == ["float32", "float32"]
     # Every rank's AdamW took exactly one step per SFT step (read from the optimizer's own state).
     assert [rank["optimizer_steps"] for rank in ranks] == [[STEPS], [STEPS]]
     # FSDP2 shards the parameters over the two ranks; gathered, both hold the same model ...

@@ -6,8 +6,9 @@ Run by tests/test_verl_cpu_sft.py. The launch of ``python -m infmem_verl.sft +re
 sft.backend=verl-cpu`` (``infmem_verl.sft.launch.run``): ``verl.trainer.sft_trainer_ray.SFTTrainer``
 with two ``TrainingWorker`` ranks (verl's FSDP2 engine, each on one logical Ray GPU slot), STEPS
 optimizer steps, a checkpoint at the last. Afterwards each rank reports, through Ray's
-``__ray_call__`` on the live workers, its AdamW step count and a digest of its all-gathered
-parameters (both ranks gather at once: it is a collective). Writes WORK_DIR/result.json.
+``__ray_call__`` on the live workers, its AdamW step count, a digest of its all-gathered
+parameters (both ranks gather at once: it is a collective) and the dtype its engine computes in.
+Writes WORK_DIR/result.json.
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ def rank_state(worker) -> dict:
         full = param.full_tensor() if isinstance(param, DTensor) else param
         digest.update(name.encode())
         digest.update(full.detach().to(torch.float32).contiguous().numpy().tobytes())
-    return {"optimizer_steps": sorted(steps), "params_sha256": digest.hexdigest()}
+    # The dtype verl's engine computes in (its FSDP param dtype, which also decides its autocast).
+    compute = str(engine._autocast_dtype).removeprefix("torch.")
+    return {"optimizer_steps": sorted(steps), "params_sha256": digest.hexdigest(), "compute_dtype": compute}
 
 
 def main(parquet: Path, work: Path, steps: int) -> None:
