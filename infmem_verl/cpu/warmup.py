@@ -433,6 +433,7 @@ def _train(stage: str, student: Path, data: Path, out: Path, steps: int, setting
         f"data.train_files={data}", f"trainer.default_local_dir={out}",
         f"trainer.total_training_steps={steps}", f"data.train_batch_size={batch or settings.batch_size}", f"data.micro_batch_size_per_gpu={batch or settings.batch_size}",
         f"optim.lr={settings.lr}",
+        f"hydra.run.dir={out}",  # Hydra's record of the command beside its output, not in the caller's folder
     ]  # fmt: skip
     _run(stage, command, out.parent / f"{out.name}.log", steps, _LineCount(losses_file))
     return out / f"global_step_{steps}" / "huggingface", _losses(losses_file)
