@@ -37,7 +37,7 @@ GROUP_OF_MODULE = {module: group for group, modules in SHARED_SESSION_GROUPS.ite
 # test_verl_cpu_rl 331, vllm_server 319, test_training_faults 313, test_retrieval 157,
 # test_verl_pipeline 149, test_preflight 125, test_verl_vllm_server 123, test_export 116,
 # test_verl_cpu_sft 82.
-LONGEST_GROUPS = ("warm_model", "test_metrics_tb", "test_verl_cpu_rl", "vllm_server", "test_training_faults", "test_retrieval",
+LONGEST_GROUPS = ("warm_model", "test_infmem_learning", "test_metrics_tb", "test_verl_cpu_rl", "vllm_server", "test_training_faults", "test_retrieval",
                   "test_verl_pipeline", "test_preflight", "test_verl_vllm_server", "test_export", "test_verl_cpu_sft")
 
 
@@ -117,9 +117,9 @@ def pytest_runtest_teardown(item, nextitem):
 # The demo recipe before its curriculum (the distilled warm-up the tests below were measured with):
 # Qwen3's vocabulary, syllable names, 1,024-token documents in chunks of 256, GRPO on 2 prompts x 2.
 DISTILLED_DEMO = [
-    # The suite's distilled students were measured (tests/test_warmup.py, the learning run) with the
-    # thinking budget enforced by a second call; the demo's curriculum student never spends it, so
-    # the demo makes one call per turn (conf/recipe/demo.yaml).
+    # The suite's distilled students were measured (tests/test_warmup.py, tests/test_infmem_learning.py)
+    # with the thinking budget enforced by a second call; the demo's curriculum student never spends
+    # it, so the demo makes one call per turn (conf/recipe/demo.yaml).
     "infmem.agent.thinking_mode=two_stage",
     "infmem.bootstrap.names=syllables",
     "infmem.bootstrap.train_samples=4",

@@ -2,18 +2,17 @@
 
 The warm-up (:mod:`infmem_verl.cpu.warmup`) runs the real ``python -m infmem_verl.distill
 --teacher oracle`` and ``python -m infmem_verl.sft +recipe=sft_warmup`` commands, checks the
-student on held-out documents with the agent core, and caches the model with its report. Two
-sizes: the ``warm_model`` fixture of conftest.py (4 distilled trajectories, 3 SFT steps) proves
-the chain, and GRPO from its SFT output, in console mode, is the learning run of
-tests/test_cpu_training_runs.py; a longer one (64 trajectories, 300 steps over the demo's
-4,096-token vocabulary, about 2 minutes) proves the student learns the protocol, against a
-threshold it reaches.
+student on held-out documents with the agent core, and caches the model with its report. The
+``warm_model`` fixture of conftest.py (4 distilled trajectories, 3 SFT steps) proves the chain,
+and GRPO from its SFT output, in console mode, is the MemAgent learning run of
+tests/test_cpu_training_runs.py. A longer warm-up (64 trajectories, 300 steps over the demo's
+4,096-token vocabulary) proves the student learns the protocol, against a threshold it reaches,
+in tests/test_infmem_learning.py, whose InfMem learning run starts from it.
 """
 
 from __future__ import annotations
 
-import torch
-from conftest import DISTILLED_DEMO, WARMUP_SMALL, demo_config
+from conftest import WARMUP_SMALL, demo_config
 from infmem_verl.cpu.warmup import warm_qwen3_dir
 from infmem_verl.warmup_report import warmup_report
 
@@ -52,52 +51,6 @@ def test_the_check_samples_at_the_warm_ups_own_settings_whatever_the_launch_samp
     assert protocol_key(colder, "infmem", agent_cfg) != protocol_key(settings, "infmem", agent_cfg)
     with pytest.raises(ConfigError, match=r"infmem\.warmup\.check_top_p: expected a number in \(0, 1\], got 0"):
         warmup_settings(demo_config("infmem.warmup.check_top_p=0"))
-
-
-# Between the suite's chain check and `make demo`: the distilled student of the demo's vocabulary
-# (4,096 tokens, infmem_verl/small_vocab.py), whose output layer is a 37th of Qwen3's: its 300 SFT
-# steps took 87-179 s, where the whole test took 275-537 s over Qwen3's vocabulary. Checked greedily
-# (check_temperature=0) at one torch thread, as the suite's workers run (conftest.py; the thread
-# count changes the build). A build varies across seeds, so the bar comes from the spread of eight
-# builds, seeds 100-107, two at a time at one thread each as the suite's two workers run
-# (2026-12-06, docs/experiments/2026-12-06-suite-students.md): PreThink valid 87 / 75 / 90 / 70 / 78
-# / 80 / 79 / 91%, Writes valid 81 / 100 / 98 / 98 / 80 / 100 / 90 / 100%. Each rate alone swings
-# too far for a bar that catches a regression; their mean per build (84 / 87 / 94 / 84 / 79 / 90 /
-# 85 / 96%: mean 87.3, sd 5.7) holds a bar at mean - 2 sd, 75%. An early stop is not asserted (seed
-# 105 read all 4 chunks of every held-out document). 124 s alone, 92 s in a whole suite, 237-243 s
-# beside a GRPO run (2026-12-06).
-WARMUP_CHECKED = [
-    *DISTILLED_DEMO,
-    "infmem.warmup.vocab_size=4096",
-    "infmem.warmup.seed=103",
-    "infmem.warmup.hidden_size=128",
-    "infmem.warmup.lr=1.0e-2",
-    "infmem.warmup.distill_samples=64",
-    "infmem.warmup.sft_steps=300",
-    "infmem.warmup.batch_size=4",
-    "infmem.warmup.heldout_samples=16",
-    "infmem.warmup.check_temperature=0",
-    "infmem.warmup.min_valid=0.5",  # the warm-up itself refuses a student under it
-]
-
-
-def test_a_longer_warm_up_follows_the_protocol_on_held_out_documents(tmp_path, monkeypatch):
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the SFT subprocess's threads, as in the suite
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the held-out check runs here
-    try:
-        model = warm_qwen3_dir(demo_config(*WARMUP_CHECKED), "demo", WARMUP_CHECKED, cache_dir=tmp_path)
-    finally:
-        torch.set_num_threads(threads)
-    report = warmup_report(model)
-    losses = report.sft_losses
-    assert len(losses) == 300 and sum(losses[-20:]) / 20 < 0.25 * sum(losses[:20]) / 20
-    heldout = report.heldout
-    assert heldout.samples == 16
-    assert (heldout.prethink_valid + heldout.write_valid) / 2 >= 0.75, heldout
-    # A student that follows the protocol uses it: it retrieves.
-    assert heldout.retrieval_calls > 0
-
 
 
 # The demo's curriculum in miniature (its figures come from the full stages, `make demo` and
@@ -156,6 +109,7 @@ def test_the_curriculum_trains_its_stages_in_segments_for_both_agents_and_resume
     from infmem_verl.cpu.warmup import WARMUP_KEY, WarmupError
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.chdir(tmp_path)  # where a user would find Hydra's outputs/ of each SFT command
     # Under min_accuracy the student is refused after its check; rerun with a lower bar (the same
     # cache entry: the bar decides no weights), the finished segments are reused.
     refused = [*CURRICULUM_SMALL, "infmem.warmup.min_accuracy=0.5"]
@@ -168,6 +122,7 @@ def test_the_curriculum_trains_its_stages_in_segments_for_both_agents_and_resume
     report = warmup_report(model)
     assert report.stages == {"answer1": 2, "answer2": 2, "memagent1": 2, "infmem1": 2}
     assert len(report.sft_losses) == 8 and set(report.seconds) == {"curriculum", "check"}
+    assert (work / "answer1" / ".hydra").is_dir() and not (tmp_path / "outputs").exists()
     assert set(report.agents) == {"infmem", "memagent"} and report.heldout == report.agents["infmem"]
     assert report.agents["memagent"].retrieval_calls == 0 and report.agents["infmem"].samples == 2
     # Each segment trains one pass over calls of its own seed: none is seen twice.
