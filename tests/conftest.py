@@ -32,11 +32,12 @@ SHARED_SESSION_GROUPS = {
 }
 GROUP_OF_MODULE = {module: group for group, modules in SHARED_SESSION_GROUPS.items() for module in modules}
 # Groups handed out first, the longest first (a long group started last would leave the other
-# worker idle at the end). Seconds in the 2026-12-07 suite (test_verl_cpu_rl and test_verl_cpu_sft
-# alone, after verl's engine went to float32 on a CPU): warm_model 662, test_metrics_tb 399,
-# test_verl_cpu_rl 331, vllm_server 319, test_training_faults 313, test_retrieval 157,
-# test_verl_pipeline 149, test_preflight 125, test_verl_vllm_server 123, test_export 116,
-# test_verl_cpu_sft 82.
+# worker idle at the end). The order is from the 2026-12-07 morning's measures (warm_model 662 s
+# with the longer warm-up's build, now in test_infmem_learning). Seconds in the suite that added
+# test_infmem_learning (2026-12-07, 26 min 34 s): test_verl_cpu_rl 447, warm_model 421,
+# test_infmem_learning 399, test_metrics_tb 360, vllm_server 348, test_training_faults 241,
+# test_verl_vllm_server 138, test_retrieval 125, test_verl_cpu_sft 124, test_preflight 101,
+# test_export 98, test_verl_pipeline 87.
 LONGEST_GROUPS = ("warm_model", "test_infmem_learning", "test_metrics_tb", "test_verl_cpu_rl", "vllm_server", "test_training_faults", "test_retrieval",
                   "test_verl_pipeline", "test_preflight", "test_verl_vllm_server", "test_export", "test_verl_cpu_sft")
 

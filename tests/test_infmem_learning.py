@@ -4,7 +4,7 @@ InfMem's protocol reward.
 
 The student is the longer warm-up (64 distilled trajectories, 300 SFT steps over the demo's
 4,096-token vocabulary), held first to the bar its builds reach. GRPO then samples it at
-temperature 1.5, where about half its Writes fail to close their thinking or to end a memory
+temperature 1.5, where 40-50% of its Writes fail to close their thinking or to end a memory
 within its cap, and nearly every PreThink fails (so the protocol reward is the Writes' half, 0 to
 0.5): the reward has a spread in every group, and what it rewards, the Writes' format, is what
 eight steps can move. The run's own validation, before the first step, samples the training
