@@ -60,8 +60,6 @@ WARMUP_CHECKED = [
 ]
 
 STEPS = 8
-TRAINING_DOCUMENTS = 2  # the same two every step (data.train_batch_size=2)
-DOCUMENT_TOKENS = 1024  # DISTILLED_DEMO's infmem.bootstrap.doc_tokens
 # GRPO on the protocol component alone, from the checked student: two documents of two 512-token
 # chunks (two PreThinks and two Writes a trajectory), 8 rollouts each a step.
 INFMEM_LEARNING = [
@@ -121,14 +119,15 @@ def test_a_longer_warm_up_follows_the_protocol_on_held_out_documents(checked_mod
 
 
 def test_grpo_raises_infmems_protocol_reward(checked_model, tmp_path):
-    from infmem_verl.assets import load_tokenizer
-    from infmem_verl.data.synthetic import make_dataset
-    from infmem_verl.verl_plugin.dataset import write_verl_dataset
+    from infmem_verl.cpu.bootstrap import _write_synthetic, bootstrap_settings
 
-    # The bootstrap's documents (its seed, size and names, measured in the student's tokens),
-    # written here so that validation reads the same ones (the bootstrap leaves files it did not write).
+    # The bootstrap's training documents (its writer, seed, size and names, in the student's
+    # tokens), one batch of them so that every step trains on the same ones, written here so that
+    # validation reads them too (the bootstrap leaves files it did not write).
+    config = demo_config(*DISTILLED_DEMO)
+    bootstrap = bootstrap_settings(config)
     train, val = tmp_path / "train.parquet", tmp_path / "val.parquet"
-    write_verl_dataset(make_dataset(TRAINING_DOCUMENTS, DOCUMENT_TOKENS, load_tokenizer(str(checked_model)), seed=0, names="syllables"), str(train))
+    _write_synthetic(str(train), config.data.train_batch_size, bootstrap.doc_tokens, bootstrap.seed, checked_model, bootstrap.names)
     shutil.copy(train, val)
     metrics = tmp_path / "metrics.jsonl"
     overrides = [
