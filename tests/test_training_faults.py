@@ -130,9 +130,8 @@ def stop_mid_step(root: Path, cmd: list[str], env: dict[str, str], class_name: s
 def test_actors_killed_mid_step_stop_the_run_naming_them_and_the_resume_starts_at_that_step(tmp_path):
     """Two faults, one after the other: the generation server killed in step 2 of the first run,
     then an agent-loop worker (the one whose scoring holds step 2) in the resumed run's step 2.
-    (Rule-based rewards are scored in the agent-loop worker; verl's RewardLoopWorker actors are not
-    on a training step's path then: one killed during step 2 changes nothing, and the run
-    completes.) Two launches of the smoke, about a minute and a half of the suite each; a third
+    (Rule-based rewards are scored in the agent-loop worker, so the smoke starts none of verl's
+    RewardLoopWorker actors: reward.num_workers is 0.) Two launches of the smoke, about a minute and a half of the suite each; a third
     that completed step 2 (2026-12-07: 370 s for the three in a suite) repeated what
     tests/test_metrics_tb.py checks of a resume."""
     root = tmp_path
