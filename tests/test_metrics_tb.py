@@ -454,7 +454,7 @@ def test_the_smoke_recipe_builds_what_it_lacks_prints_its_steps_and_ctrl_c_stops
     assert re.search(r"\[infmem\] validation \| reward \S+ \| acc \S+ \| chunks_read 2\.000", run.second_output)
     for actor in ("TaskRunnerV1", "CPUGenerationServer", "AgentLoopWorkerTQ"):
         assert actor in run.actors
-    assert "RewardLoopWorker" not in run.actors  # the agent loop scores (the smoke's reward.num_workers 0)
+    assert "RewardLoopWorker" not in run.actors  # the agent loop scores (reward.num_workers 0)
     assert "[infmem] interrupted: stopping the Ray workers this run started" in first
     assert run.stopped and not run.survivors, f"Ray processes survived Ctrl-C: {run.survivors}"
     for step, record in ((s["step"], s) for s in run.records.steps() if s["step"] > 0):
