@@ -131,9 +131,9 @@ def test_actors_killed_mid_step_stop_the_run_naming_them_and_the_resume_starts_a
     """Two faults, one after the other: the generation server killed in step 2 of the first run,
     then an agent-loop worker (the one whose scoring holds step 2) in the resumed run's step 2.
     (Rule-based rewards are scored in the agent-loop worker, so the smoke starts none of verl's
-    RewardLoopWorker actors: reward.num_workers is 0.) Two launches of the smoke, about a minute and a half of the suite each; a third
-    that completed step 2 (2026-12-07: 370 s for the three in a suite) repeated what
-    tests/test_metrics_tb.py checks of a resume."""
+    RewardLoopWorker actors: reward.num_workers is 0.) Two launches of the smoke, about a minute and
+    a half of the suite each; a third that completed step 2 (2026-12-07: 370 s for the three in a
+    suite) repeated what tests/test_metrics_tb.py checks of a resume."""
     root = tmp_path
     cmd, env = command(root), environment(root)
     stop_mid_step(root, cmd, env, "CPUGenerationServer", "the generation server", "first.log")
