@@ -12,7 +12,7 @@ import torch
 from infmem_verl.agent.policy import Generation, Policy, SamplingParams
 from infmem_verl.assets import wiki_paragraphs
 from infmem_verl.policy import TransformersPolicy
-from infmem_verl.policy.transformers import sample_next_tokens
+from infmem_verl.policy.transformers import GROUPED_SDPA, NUCLEUS_PROBE, sample_next_tokens
 
 IM_END, END_OF_TEXT = 151645, 151643
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0)
@@ -77,6 +77,30 @@ def test_from_pretrained_reads_end_tokens_and_tokenizer(tiny_model_dir) -> None:
     assert policy.eos_token_ids == {IM_END, END_OF_TEXT}
     assert policy.max_batch == 3
     assert policy.tokenizer.convert_tokens_to_ids("<|im_end|>") == IM_END
+
+
+def test_from_pretrained_attends_with_grouped_heads_and_gives_transformers_sdpa_bits(tiny_model_dir, policy_model, prompts) -> None:
+    """The policy's attention passes grouped key/value heads to torch as they are; on a left-padded
+    batch (prefill, then decode steps on the cache) its logits are transformers' ``sdpa``'s, bit for bit."""
+    from transformers import DynamicCache
+
+    grouped = TransformersPolicy.from_pretrained(tiny_model_dir).model
+    assert grouped.config._attn_implementation == GROUPED_SDPA
+    assert policy_model.config._attn_implementation == "sdpa"
+    assert grouped.config.num_key_value_heads < grouped.config.num_attention_heads  # the heads are grouped
+    width = max(map(len, prompts))
+    input_ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    logits = []
+    with torch.inference_mode():
+        for model in (policy_model, grouped):
+            cache, step_mask = DynamicCache(config=model.config), mask
+            steps = [model(input_ids=input_ids, attention_mask=mask, past_key_values=cache).logits]
+            for token in (11, 2000, 42):
+                step_mask = torch.cat([step_mask, step_mask.new_ones(len(prompts), 1)], dim=1)
+                steps.append(model(input_ids=torch.full((len(prompts), 1), token), attention_mask=step_mask, past_key_values=cache).logits)
+            logits.append(torch.cat(steps, dim=1))
+    assert torch.equal(*logits)
 
 
 def test_from_pretrained_rejects_a_folder_without_a_model(tmp_path) -> None:
@@ -355,3 +379,38 @@ def test_sampling_follows_the_distribution() -> None:
     freq = np.bincount(draws, minlength=4) / len(draws)
     assert freq[1] == 0.0
     np.testing.assert_allclose(freq, probs.numpy(), atol=0.03)  # ~4 standard deviations
+
+
+def _draw_after_sorting_everything(scaled: torch.Tensor, top_p: float, generator: torch.Generator) -> int:
+    """Top-p as a sort of the whole vocabulary, then one inverse-CDF draw: the rule written out."""
+    values, indices = torch.sort(scaled, descending=True)
+    probs = torch.softmax(values, dim=-1)
+    probs = probs * (probs.cumsum(0) - probs < top_p)
+    cdf = probs.double().cumsum(0)
+    u = torch.rand(1, generator=generator, dtype=torch.float64) * cdf[-1]
+    return int(indices[torch.searchsorted(cdf, u, right=True)])
+
+
+def test_top_p_draws_as_a_whole_sort_would_whether_or_not_the_nucleus_lies_in_the_probe() -> None:
+    """Peaked rows find their nucleus among the NUCLEUS_PROBE likeliest tokens, flat rows reach past
+    them and sort the whole vocabulary; each row, batched with rows of the other kind, alone, and by
+    the rule written out, draws the same tokens from the same generator."""
+    vocab, top_p, temperature = 2000, 0.95, 0.8
+    g = torch.Generator().manual_seed(0)
+    peaked = torch.randn(3, vocab, generator=g)
+    peaked[:, :6] += 10  # a nucleus of a few tokens
+    flat = torch.randn(3, vocab, generator=g)
+    logits = torch.stack([peaked[0], flat[0], peaked[1], flat[1], peaked[2], flat[2]])
+    nucleus = [int((torch.sort(torch.softmax(r / temperature, -1), descending=True).values.cumsum(0) < top_p).sum()) + 1 for r in logits]
+    assert [n <= NUCLEUS_PROBE for n in nucleus] == [True, False] * 3, nucleus
+    params = [SamplingParams(max_tokens=1, temperature=temperature, top_p=top_p)] * len(logits)
+
+    def generators() -> list[torch.Generator]:
+        return [torch.Generator().manual_seed(100 + i) for i in range(len(logits))]
+
+    batched_g, alone_g, rule_g = generators(), generators(), generators()
+    for _ in range(100):
+        batched, _ = sample_next_tokens(logits, params, batched_g)
+        alone = [sample_next_tokens(logits[i : i + 1], params[:1], alone_g[i : i + 1])[0][0] for i in range(len(logits))]
+        rule = [_draw_after_sorting_everything(logits[i] / temperature, top_p, rule_g[i]) for i in range(len(logits))]
+        assert batched == alone == rule
