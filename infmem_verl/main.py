@@ -51,6 +51,7 @@ from infmem_verl.cpu.bootstrap import bootstrap_inputs
 from infmem_verl.cpu.warmup import WarmupError
 from infmem_verl.footprint import dry_run_footprint
 from infmem_verl.preflight import Preflight, preflight, resolve_paths
+from infmem_verl.ray_start import start_ray_retrying
 from infmem_verl.reward.components import load_components
 from infmem_verl.settings import (
     agent_settings,
@@ -204,7 +205,8 @@ def train(config: DictConfig) -> None:
 
     owns_ray = not ray.is_initialized()
     try:
-        run_ppo(config, task_runner_class=TaskRunnerV1)
+        # run_ppo starts Ray's node first; a node that timed out starting is started again (ray_start).
+        start_ray_retrying(lambda: run_ppo(config, task_runner_class=TaskRunnerV1))
     except KeyboardInterrupt:
         print("[infmem] interrupted: stopping the Ray workers this run started", file=sys.stderr, flush=True)
         raise
