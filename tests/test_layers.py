@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "infmem_verl"
 LAYERS = [
     {"agent"},  # the framework-free core and its records (facts, errors, config)
     {"assets", "settings", "warmup_report"},  # readers of files and of the infmem.* config
-    {"data", "cli", "actor_faults"},  # cli, actor_faults: the entry points' one-line reports
+    {"data", "cli", "actor_faults", "ray_start"},  # cli, actor_faults, ray_start: the entry points' one-line reports, Ray's start
     {"small_vocab"},  # the stand-in students' tokenizer, trained on the assets' and the data's text
     {"policy"},
     {"reward", "metrics"},

@@ -37,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from infmem_verl import conf_dir
 from infmem_verl.agent.errors import ConfigError
 from infmem_verl.cli import exit_on_input_error
+from infmem_verl.ray_start import start_ray_retrying
 from infmem_verl.cpu.backend import (
     BACKENDS,
     CPU_MIXED_PRECISION,
@@ -257,7 +258,7 @@ def train_on_verl_cpu(config: DictConfig):
         config.trainer.device = "cpu"
         config.model.override_config.setdefault("attn_implementation", "sdpa")
         config.engine.mixed_precision = CPU_MIXED_PRECISION  # bfloat16: a scalar loop without AVX512-BF16/AMX
-    ray.init(**cpu_ray_init(trainer_ranks(config)))
+    start_ray_retrying(lambda: ray.init(**cpu_ray_init(trainer_ranks(config))))  # a node that timed out starting, again
 
     trainer = SFTTrainer(config=config)
     trainer.fit()
