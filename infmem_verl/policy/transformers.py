@@ -143,12 +143,17 @@ def sample_next_tokens(
     vocab = logits.shape[-1]
     temperatures = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params])
     scaled = logits / temperatures[:, None]
-    tokens = torch.argmax(logits, dim=-1)  # what the greedy rows keep
+    tokens = torch.empty(len(params), dtype=torch.long)
+    greedy: list[int] = []
     filters: dict[tuple[int, float], list[int]] = {}
     for i, p in enumerate(params):
-        if p.temperature > 0:
+        if p.temperature == 0:
+            greedy.append(i)
+        else:
             # top_k < 1 means no top-k limit (vLLM's convention for -1), as does top_k >= vocab.
             filters.setdefault((p.top_k if 0 < p.top_k < vocab else 0, p.top_p), []).append(i)
+    if greedy:  # an argmax over Qwen3's vocabulary is ~0.15 ms a row: only for the rows that take it
+        tokens[greedy] = torch.argmax(logits[greedy], dim=-1)
     for (top_k, top_p), rows in filters.items():
         tokens[rows] = _draw(scaled[rows], top_k, top_p, [generators[i] for i in rows])
     chosen = torch.log_softmax(scaled, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)

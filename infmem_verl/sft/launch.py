@@ -37,7 +37,6 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from infmem_verl import conf_dir
 from infmem_verl.agent.errors import ConfigError
 from infmem_verl.cli import exit_on_input_error
-from infmem_verl.ray_start import start_ray_retrying
 from infmem_verl.cpu.backend import (
     BACKENDS,
     CPU_MIXED_PRECISION,
@@ -48,6 +47,7 @@ from infmem_verl.cpu.backend import (
     select_cpu_platform,
     trainer_ranks,
 )
+from infmem_verl.ray_start import start_ray_retrying
 
 from .samples import TOKEN_COLUMNS, TokenizerStamp, check_columns, longest_sample, read_stamp
 
