@@ -27,6 +27,7 @@ from infmem_verl import conf_dir
 from infmem_verl.data.synthetic import make_dataset
 from infmem_verl.main import prepare_config
 from infmem_verl.cpu.backend import workers_at_driver_priority
+from infmem_verl.ray_start import start_ray_retrying
 from infmem_verl.verl_plugin.dataset import write_verl_dataset
 from infmem_verl.agent.facts import TurnFacts
 from infmem_verl.settings import TrainSettings
@@ -54,7 +55,7 @@ def ray_session():
         "PYTHONPATH": python_path,
     }
     workers_at_driver_priority()  # as the CPU backend's launcher does
-    ray.init(num_cpus=8, include_dashboard=False, runtime_env={"env_vars": env}, logging_level="ERROR")
+    start_ray_retrying(lambda: ray.init(num_cpus=8, include_dashboard=False, runtime_env={"env_vars": env}, logging_level="ERROR"))
     yield
     ray.shutdown()
 

@@ -179,11 +179,12 @@ def main(source: Path, work: Path) -> None:
     from verl.workers.rollout.llm_server import LLMServerManager
 
     from infmem_verl.policy.transformers import end_token_ids
+    from infmem_verl.ray_start import start_ray_retrying
 
     config = rollout_config(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     eos_ids = end_token_ids(tokenizer, get_generation_config(str(model_dir)))
-    ray.init(**cpu_ray_init(1))  # one Ray GPU slot: the replica's rank (see verl_plugin.platform)
+    start_ray_retrying(lambda: ray.init(**cpu_ray_init(1)))  # one Ray GPU slot: the replica's rank (see verl_plugin.platform)
     try:
         ray_s = time.monotonic() - started
         manager = LLMServerManager.create(config)
