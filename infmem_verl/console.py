@@ -4,10 +4,11 @@ By default ``python -m infmem_verl.main`` shows what runs (the bootstrap and bac
 warm-up's progress bars), then one line per RL step and per validation while training, and at
 the end a table: reward and its components, accuracy, chunks read, stop rate and LLM calls
 (last step, training and validation), time per phase, InfMem over MemAgent once both agents'
-records lie side by side (:func:`agent_gap`), and the paths of the TensorBoard events,
-``steps.jsonl``, the run summary PNG and the full log. Everything else the run prints - verl's
-metric dumps, Ray's notices, the workers' logs - goes to ``run.log`` next to the TensorBoard
-events, named on the console. ``-v`` (or ``INFMEM_VERBOSE=1``) shows everything as before.
+records lie side by side from the same model and validation (:func:`agent_gap`), and the paths
+of the TensorBoard events, ``steps.jsonl``, the run summary PNG and the full log. Everything else
+the run prints - verl's metric dumps, Ray's notices, the workers' logs - goes to ``run.log`` next
+to the TensorBoard events, named on the console. ``-v`` (or ``INFMEM_VERBOSE=1``) shows
+everything as before.
 
 How: while training, the process's stdout and stderr *descriptors* point at the log file, so
 Ray's log forwarding, verl's prints, child processes and C-level output all land there; the
@@ -37,7 +38,7 @@ from omegaconf import DictConfig
 
 from infmem_verl.cpu.report import step_line, validation_line
 from infmem_verl.metrics import PREFIX
-from infmem_verl.run_record import SUMMARY_PNG, RunRecord, records_dir
+from infmem_verl.run_record import RUN_FILE, SUMMARY_PNG, RunRecord, identity_differences, records_dir
 
 VERBOSE_ENV = "INFMEM_VERBOSE"
 VERBOSE_FLAGS = ("-v", "--verbose")
@@ -152,19 +153,36 @@ def agent_gap(directory: Path) -> list[str]:
     lie side by side (``<name>_infmem_agent`` and ``<name>_memagent_agent``) with validations of as
     many trajectories: their first validations against each other, then their last.
 
+    The two runs must have started from the same model and validated on the same documents the
+    same way (each records folder's ``run.json``, :func:`~infmem_verl.run_record.run_identity`):
+    otherwise one line says which of those differ instead. (A demo run with other warm-up settings
+    trains another student; MemAgent's records beside it are still the earlier student's.)
+
     Two standard errors of the difference take the two means as independent,
-    ``2 sqrt((pa (1 - pa) + pb (1 - pb)) / n)``; both runs validate on the same documents (the
-    recipe's ``data.val_files``), which makes the true noise smaller, so the bar is cautious.
+    ``2 sqrt((pa (1 - pa) + pb (1 - pb)) / n)``; both runs validate on the same documents, which
+    makes the true noise smaller, so the bar is cautious.
     """
     stem = next((directory.name.removesuffix(suffix) for suffix in AGENT_FOLDERS.values() if directory.name.endswith(suffix)), None)
     if stem is None:
         return []
-    vals = {agent: [s for s in RunRecord(directory.with_name(stem + suffix)).steps() if f"val-{PREFIX}/acc" in s] for agent, suffix in AGENT_FOLDERS.items()}
+    records = {agent: RunRecord(directory.with_name(stem + suffix)) for agent, suffix in AGENT_FOLDERS.items()}
+    vals = {agent: [s for s in record.steps() if f"val-{PREFIX}/acc" in s] for agent, record in records.items()}
     counts = {int(v[-1].get(f"val-{PREFIX}/trajectories", 0)) for v in vals.values() if v}
     if not all(vals.values()) or len(counts) != 1 or min(counts) < 1:
         return []
     n = counts.pop()
-    lines = [f"  InfMem over MemAgent, held-out accuracy ({n} trajectories each; 2 SE of the difference; MemAgent's records: {directory.with_name(stem + AGENT_FOLDERS['MemAgent'])}):"]
+    other = records["MemAgent" if directory.name.endswith(AGENT_FOLDERS["InfMem"]) else "InfMem"].directory
+    identities = {agent: record.identity() for agent, record in records.items()}
+    if None in identities.values():
+        missing = " and ".join(f"{agent}'s" for agent, identity in identities.items() if identity is None)
+        return [f"  InfMem over MemAgent: not compared: {missing} records hold no {RUN_FILE} (written by runs from step 0), so whether both runs share a model and validation is unknown ({other})"]
+    differences = identity_differences(identities["InfMem"], identities["MemAgent"])
+    if differences:
+        return [
+            f"  InfMem over MemAgent: not compared: the two runs differ in {', '.join(differences)} ({other}: {RUN_FILE});"
+            " run both agents with the same settings"
+        ]
+    lines = [f"  InfMem over MemAgent, held-out accuracy ({n} trajectories each; 2 SE of the difference; MemAgent's records: {records['MemAgent'].directory}):"]
     for label, index in (("first validation", 0), ("last validation", -1)):
         if index == -1 and all(len(v) == 1 for v in vals.values()):
             break

@@ -12,6 +12,10 @@ holds everything a person opens after a run):
 * ``trajectories/step_<N>.jsonl`` (optional) - one line per trajectory of step N: its ``key``, its
   ``values`` (reward, ``reward_extra_info``, the figures of :mod:`infmem_verl.metrics`) and its
   ``turns`` (every turn's facts with its token counts; memory text left out).
+* ``run.json`` - what the run's held-out figures depend on besides its training (see
+  :func:`run_identity`): written when a run starts from step 0, so that a comparison with another
+  run's records (the demo's InfMem against MemAgent) can tell whether they share a model and a
+  validation.
 * ``run_summary.png`` - reward, its components, accuracy and chunks read over steps (training
   lines, validation points), and, for a model the warm-up made (:mod:`infmem_verl.cpu.warmup`),
   its SFT loss curve first: the whole recipe in one picture, for people who would rather look
@@ -24,6 +28,7 @@ holds everything a person opens after a run):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -32,14 +37,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from omegaconf import DictConfig, OmegaConf
 
 from infmem_verl.agent.errors import ConfigError
+from infmem_verl.data.documents import split_ref
 from infmem_verl.metrics import numeric
-from infmem_verl.settings import read_settings
+from infmem_verl.settings import document_settings, read_settings
 
 RECORDS_KEY = "infmem.records"
 STEPS_FILE = "steps.jsonl"
+RUN_FILE = "run.json"
 TRAJECTORIES_DIR = "trajectories"
 SUMMARY_PNG = "run_summary.png"
 
@@ -80,6 +89,59 @@ def record_settings(config: DictConfig) -> RecordSettings:
     return read_settings(RecordSettings, config, RECORDS_KEY, required=False)
 
 
+def run_identity(config: DictConfig) -> dict[str, Any]:
+    """What a run's held-out figures share with another run's only if they started alike: the model
+    (``actor_rollout_ref.model.path``, and the size and modification time of each of its local
+    files, so a student rebuilt in the same folder is another model), the validation documents
+    (each of ``data.val_files`` and each document store their rows reference, by SHA-256: a
+    bootstrap that rewrote them with other documents changes it, one that rewrote the same bytes
+    does not) and the validation's sampling (``actor_rollout_ref.rollout.val_kwargs``). A path
+    that is not a local file (a Hub id, a remote store) is kept as its name alone."""
+    model = str(config.actor_rollout_ref.model.path)
+    folder = Path(model).expanduser()
+    files = sorted(p for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
+    return {
+        "model": model,
+        "model_files": {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in files},
+        "val_files": {path: _sha256(Path(path)) for path in _validation_files(config)},
+        "val_sampling": OmegaConf.to_container(config.actor_rollout_ref.rollout.val_kwargs, resolve=True),
+    }
+
+
+def _validation_files(config: DictConfig) -> list[str]:
+    """``data.val_files``, then the document stores their rows reference (``infmem.documents``)."""
+    val_files = config.data.val_files
+    paths = [str(val_files)] if isinstance(val_files, str) else [str(p) for p in val_files]
+    documents = document_settings(config)
+    stores: set[str] = set()
+    for path in filter(os.path.isfile, paths):
+        if documents.ref_key in pq.read_schema(path).names:
+            refs = pc.unique(pq.read_table(path, columns=[documents.ref_key]).column(documents.ref_key)).to_pylist()
+            for store in {split_ref(ref)[0] for ref in refs}:
+                stores.add(store if documents.root is None or os.path.isabs(store) else os.path.join(documents.root, store))
+    return paths + sorted(stores)
+
+
+def _sha256(path: Path) -> str:
+    """The file's SHA-256, or "" where ``path`` is not a local file."""
+    if not path.is_file():
+        return ""
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# run_identity's keys as a comparison names them.
+IDENTITY_PARTS = {"model": "model", "model_files": "model", "val_files": "validation documents", "val_sampling": "validation sampling"}
+
+
+def identity_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """The parts (IDENTITY_PARTS' names, each once) in which two runs' ``run.json`` differ."""
+    return list(dict.fromkeys(name for key, name in IDENTITY_PARTS.items() if a.get(key) != b.get(key)))
+
+
 def records_dir(config: DictConfig) -> Path:
     """``infmem.records.dir``, else where verl's TensorBoard logger writes: ``$TENSORBOARD_DIR`` or
     ``tensorboard_log/<trainer.project_name>/<trainer.experiment_name>`` (relative to the trainer's
@@ -104,6 +166,21 @@ class RunRecord:
     def trajectories_file(self, step: int) -> Path:
         return self.directory / TRAJECTORIES_DIR / f"step_{step}.jsonl"
 
+    @property
+    def run_file(self) -> Path:
+        return self.directory / RUN_FILE
+
+    def write_identity(self, identity: Mapping[str, Any]) -> None:
+        """Write ``run.json`` (:func:`run_identity`), whole or not at all."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        tmp = self.run_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(identity, indent=1) + "\n")
+        os.replace(tmp, self.run_file)
+
+    def identity(self) -> dict[str, Any] | None:
+        """The run's ``run.json``; None for records written without one."""
+        return json.loads(self.run_file.read_text()) if self.run_file.is_file() else None
+
     def log_step(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Append step ``step``'s numeric metrics to ``steps.jsonl`` and flush it to disk."""
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -118,9 +195,9 @@ class RunRecord:
             os.fsync(file.fileno())
 
     def start_fresh(self) -> Path | None:
-        """For a run from step 0: move an earlier run's ``steps.jsonl`` and trajectories into
-        ``previous/<UTC time>/``, kept rather than merged into this run's records; returns that folder."""
-        old = [p for p in (self.steps_file, self.directory / TRAJECTORIES_DIR) if p.exists()]
+        """For a run from step 0: move an earlier run's ``steps.jsonl``, trajectories and ``run.json``
+        into ``previous/<UTC time>/``, kept rather than merged into this run's records; returns that folder."""
+        old = [p for p in (self.steps_file, self.directory / TRAJECTORIES_DIR, self.run_file) if p.exists()]
         if not old:
             return None
         moved = self.directory / "previous" / time.strftime("%Y%m%d-%H%M%S", time.gmtime())

@@ -8,7 +8,9 @@ checkpoint) is the learning run of tests/test_cpu_training_runs.py.
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import logging
 import os
 import subprocess
@@ -143,6 +145,8 @@ def test_the_run_summary_compares_infmem_with_memagent_once_both_records_lie_sid
     def validate(folder: str, step: int, acc: float, trajectories: int = 128) -> None:
         RunRecord(tmp_path / folder).log_step(step, {"val-infmem/acc": acc, "val-infmem/reward": acc, "val-infmem/trajectories": trajectories})
 
+    for folder in ("demo_infmem_agent", "demo_memagent_agent"):
+        RunRecord(tmp_path / folder).write_identity(IDENTITY)
     validate("demo_infmem_agent", 0, 0.5)
     validate("demo_infmem_agent", 8, 0.6)
     assert agent_gap(tmp_path / "demo_infmem_agent") == []  # MemAgent has not run
@@ -158,3 +162,81 @@ def test_the_run_summary_compares_infmem_with_memagent_once_both_records_lie_sid
     validate("demo_memagent_agent", 9, 0.5, trajectories=64)
     assert agent_gap(tmp_path / "demo_infmem_agent") == []
     assert agent_gap(tmp_path / "smoke") == []
+
+
+IDENTITY = {"model": "/cache/warm-qwen3-a/model", "model_files": {"model.safetensors": [10, 1]},
+            "val_files": {"/data/val.parquet": "ab12"}, "val_sampling": {"temperature": 0.6, "n": 1}}  # fmt: skip
+
+
+def test_runs_from_other_students_or_validations_are_not_compared_and_the_line_says_why(tmp_path):
+    """The demo run with other warm-up settings trains another student, in the same records folder
+    as before: MemAgent's records beside it are the earlier student's. The summary says the two
+    differ instead of setting one student's accuracy against another's."""
+    from infmem_verl.console import agent_gap
+
+    infmem, memagent = RunRecord(tmp_path / "demo_infmem_agent"), RunRecord(tmp_path / "demo_memagent_agent")
+    for record, acc in ((infmem, 0.625), (memagent, 0.25)):
+        record.log_step(0, {"val-infmem/acc": acc, "val-infmem/reward": acc, "val-infmem/trajectories": 128})
+    infmem.write_identity(IDENTITY)
+    (line,) = agent_gap(infmem.directory)  # MemAgent's records were written without one
+    assert line == (
+        f"  InfMem over MemAgent: not compared: MemAgent's records hold no run.json (written by runs from step 0),"
+        f" so whether both runs share a model and validation is unknown ({memagent.directory})"
+    )
+    rebuilt = {**IDENTITY, "model_files": {"model.safetensors": [10, 2]}}  # the same folder, built again
+    for other, named in (
+        (rebuilt, "model"),
+        ({**IDENTITY, "model": "/cache/warm-qwen3-b/model"}, "model"),
+        ({**IDENTITY, "val_files": {"/data/val.parquet": "cd34"}}, "validation documents"),
+        ({**rebuilt, "val_sampling": {"temperature": 1.0, "n": 1}}, "model, validation sampling"),
+    ):
+        memagent.write_identity(other)
+        assert agent_gap(infmem.directory) == [
+            f"  InfMem over MemAgent: not compared: the two runs differ in {named} ({memagent.directory}: run.json);"
+            " run both agents with the same settings"
+        ]
+        assert agent_gap(memagent.directory)[0].endswith(f"({infmem.directory}: run.json); run both agents with the same settings")
+    memagent.write_identity(IDENTITY)
+    assert agent_gap(infmem.directory)[1].split()[-9:] == ["0.625", "vs", "0.250", "(+0.375;", "2", "SE", "0.115:", "above", "noise)"]
+
+
+def test_the_run_identity_names_the_model_files_validation_bytes_and_sampling(tmp_path):
+    """``run.json`` as the trainer writes it from the run's config (the smoke recipe's, real files):
+    a model rebuilt in its folder, or validation questions or their documents with other bytes,
+    change it; the same bytes written again do not."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from infmem_verl.data.documents import pack_documents
+    from infmem_verl.run_record import identity_differences, run_identity
+
+    model, val, store = tmp_path / "model", tmp_path / "val.parquet", tmp_path / "val_docs.parquet"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"weights")
+    refs = pack_documents(["The Louvre is in Paris."], store)
+    pq.write_table(pa.table({"prompt": ["Where is the Louvre?"], "document_ref": refs}), val)
+    config = smoke_config(f"actor_rollout_ref.model.path={model}", f"data.val_files={val}")
+    identity = run_identity(config)
+    assert identity["model"] == str(model) and sorted(identity["model_files"]) == ["config.json", "model.safetensors"]
+    digest = {path: hashlib.sha256(path.read_bytes()).hexdigest() for path in (val, store)}
+    assert identity["val_files"] == {str(val): digest[val], str(store): digest[store]}
+    assert identity["val_sampling"]["temperature"] == config.actor_rollout_ref.rollout.val_kwargs.temperature
+
+    record = RunRecord(tmp_path / "records")
+    record.write_identity(identity)
+    assert record.identity() == identity  # what a later run reads back
+    pack_documents(["The Louvre is in Paris."], store)  # written again, same bytes (the bootstrap does)
+    assert identity_differences(run_identity(config), identity) == []
+    pack_documents(["The Louvre is in Lyon."], store)  # another document under the question
+    assert identity_differences(run_identity(config), identity) == ["validation documents"]
+    os.utime(model / "model.safetensors", ns=(1, 1))  # the folder's student built again
+    assert identity_differences(run_identity(config), identity) == ["model", "validation documents"]
+    hub = smoke_config("actor_rollout_ref.model.path=Qwen/Qwen3-4B", f"data.val_files=[{val},{tmp_path}/remote.parquet]")
+    assert run_identity(hub)["model_files"] == {} and run_identity(hub)["val_files"][f"{tmp_path}/remote.parquet"] == ""
+    colder = smoke_config(f"actor_rollout_ref.model.path={model}", f"data.val_files={val}", "actor_rollout_ref.rollout.val_kwargs.temperature=0.3")
+    assert identity_differences(run_identity(colder), run_identity(config)) == ["validation sampling"]
+    # A run from step 0 moves the earlier run's run.json aside with its steps.
+    record.log_step(0, {"val-infmem/acc": 0.5})
+    moved = record.start_fresh()
+    assert record.identity() is None and json.loads((moved / "run.json").read_text()) == identity

@@ -11,6 +11,7 @@ own trajectory summary.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
 import os
@@ -508,6 +509,12 @@ def test_the_stopped_run_resumes_from_its_last_checkpoint_with_its_step_count(ru
     # Step 0: the first process's validation before training; step 1 also holds the second's.
     assert [s["step"] for s in run.records.steps()] == [0, 1, 2]
     assert (run.checkpoints / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    # run.json: written by the first process (from step 0), kept by the resumed one.
+    identity = run.records.identity()
+    assert identity["model"] == str(run.model) and "config.json" in identity["model_files"]
+    val = {path: hashlib.sha256(path.read_bytes()).hexdigest() for path in (run.root / "val.parquet", run.root / "val_docs.parquet")}
+    assert identity["val_files"] == {str(path): digest for path, digest in val.items()}  # the questions, their documents
+    assert identity["model_files"]["config.json"][1] == (run.model / "config.json").stat().st_mtime_ns
 
 
 def test_the_resumed_run_continues_the_optimizer_state_and_the_weights(run):

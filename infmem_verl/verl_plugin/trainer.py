@@ -74,7 +74,7 @@ from infmem_verl.metrics import PREFIX, log_prob_gap, numeric, summarize, trajec
 from infmem_verl.reward.components import TrajectoryRecord, breaks_protocol
 from infmem_verl.agent.facts import TurnFacts
 from infmem_verl.settings import TrainSettings, cost_settings, train_settings
-from infmem_verl.run_record import RunRecord, record_settings, records_dir
+from infmem_verl.run_record import RunRecord, record_settings, records_dir, run_identity
 
 # verl's step metrics repeated under infmem/, so one TensorBoard section holds a run's story.
 VERL_ALIASES = {"actor/pg_clipfrac": "clip_fraction", "timing_s/step": "step_time_s"}
@@ -469,6 +469,7 @@ class InfMemSyncTrainer(PPOTrainerSync):
         super()._load_checkpoint()
         if self.global_steps == 0:  # from the start: an earlier run's records must not merge into this one's
             self.run_record.start_fresh()
+            self.run_record.write_identity(run_identity(self.config))
 
     def fit(self, agent_loop_manager) -> None:
         """verl's training loop; then (also when it fails) the loggers are finished with the run's
