@@ -110,8 +110,8 @@ def run_identity(config: DictConfig) -> dict[str, Any]:
 
 def _validation_files(config: DictConfig) -> list[str]:
     """``data.val_files``, then the document stores their rows reference (``infmem.documents``)."""
-    val_files = config.data.val_files
-    paths = [str(val_files)] if isinstance(val_files, str) else [str(p) for p in val_files]
+    val_files = config.data.get("val_files")
+    paths = [] if val_files is None else [str(val_files)] if isinstance(val_files, str) else [str(p) for p in val_files]
     documents = document_settings(config)
     stores: set[str] = set()
     for path in filter(os.path.isfile, paths):

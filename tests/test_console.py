@@ -234,6 +234,7 @@ def test_the_run_identity_names_the_model_files_validation_bytes_and_sampling(tm
     assert identity_differences(run_identity(config), identity) == ["model", "validation documents"]
     hub = smoke_config("actor_rollout_ref.model.path=Qwen/Qwen3-4B", f"data.val_files=[{val},{tmp_path}/remote.parquet]")
     assert run_identity(hub)["model_files"] == {} and run_identity(hub)["val_files"][f"{tmp_path}/remote.parquet"] == ""
+    assert run_identity(smoke_config(f"actor_rollout_ref.model.path={model}", "data.val_files=null"))["val_files"] == {}
     colder = smoke_config(f"actor_rollout_ref.model.path={model}", f"data.val_files={val}", "actor_rollout_ref.rollout.val_kwargs.temperature=0.3")
     assert identity_differences(run_identity(colder), run_identity(config)) == ["validation sampling"]
     # A run from step 0 moves the earlier run's run.json aside with its steps.

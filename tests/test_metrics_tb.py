@@ -515,6 +515,7 @@ def test_the_stopped_run_resumes_from_its_last_checkpoint_with_its_step_count(ru
     val = {path: hashlib.sha256(path.read_bytes()).hexdigest() for path in (run.root / "val.parquet", run.root / "val_docs.parquet")}
     assert identity["val_files"] == {str(path): digest for path, digest in val.items()}  # the questions, their documents
     assert identity["model_files"]["config.json"][1] == (run.model / "config.json").stat().st_mtime_ns
+    assert run.records.run_file.stat().st_mtime_ns <= (run.root / "first.log").stat().st_mtime_ns  # not rewritten
 
 
 def test_the_resumed_run_continues_the_optimizer_state_and_the_weights(run):
