@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from infmem_verl.agent.config import AgentConfig
 from infmem_verl.agent.errors import ConfigError
 from infmem_verl.cost import budget_trajectory
-from infmem_verl.data.documents import split_ref
+from infmem_verl.data.documents import split_ref, store_path
 from infmem_verl.data.identity import IdLedger
 from infmem_verl.settings import document_settings, train_settings
 
@@ -265,7 +265,7 @@ def check_datasets(config: DictConfig, required: list[str], agent_loop: str, rep
 
 
 def _check_store(store: str, root: str | None, dataset: DatasetFile, report: Preflight) -> None:
-    path = store if root is None or os.path.isabs(store) else os.path.join(root, store)
+    path = store_path(store, root)
     readable = os.path.isfile(path) and os.access(path, os.R_OK)
     report.add(
         "document store readable",

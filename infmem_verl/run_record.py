@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 from omegaconf import DictConfig, OmegaConf
 
 from infmem_verl.agent.errors import ConfigError
-from infmem_verl.data.documents import split_ref
+from infmem_verl.data.documents import split_ref, store_path
 from infmem_verl.metrics import numeric
 from infmem_verl.settings import document_settings, read_settings
 
@@ -117,8 +117,7 @@ def _validation_files(config: DictConfig) -> list[str]:
     for path in filter(os.path.isfile, paths):
         if documents.ref_key in pq.read_schema(path).names:
             refs = pc.unique(pq.read_table(path, columns=[documents.ref_key]).column(documents.ref_key)).to_pylist()
-            for store in {split_ref(ref)[0] for ref in refs}:
-                stores.add(store if documents.root is None or os.path.isabs(store) else os.path.join(documents.root, store))
+            stores.update(store_path(split_ref(ref)[0], documents.root) for ref in refs)
     return paths + sorted(stores)
 
 

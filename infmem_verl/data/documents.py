@@ -123,8 +123,13 @@ def open_store(path: str, cache_size: int = 8) -> DocumentStore:
     return DocumentStore(path, cache_size)
 
 
+def store_path(store: str, root: str | os.PathLike | None = None) -> str:
+    """Where a reference's store lies: ``store`` itself, or under ``root`` (``infmem.documents.root``)
+    when it is relative."""
+    return store if root is None or os.path.isabs(store) else os.path.join(root, store)
+
+
 def resolve(ref: object, root: str | os.PathLike | None = None, cache_size: int = 8) -> str:
     """The document text of reference ``ref``; relative store paths are taken from ``root``."""
     store, doc_id = split_ref(ref)
-    path = Path(store) if root is None or os.path.isabs(store) else Path(root) / store
-    return open_store(str(path.resolve()), cache_size).get(doc_id)
+    return open_store(str(Path(store_path(store, root)).resolve()), cache_size).get(doc_id)
